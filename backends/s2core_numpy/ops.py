@@ -1,0 +1,62 @@
+"""The transformer's building blocks in float32 NumPy, vectorized over tokens and heads."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    ms = np.einsum("...i,...i->...", x, x, dtype=np.float32) / np.float32(x.shape[-1])
+    inv = 1.0 / np.sqrt(ms + np.float32(eps), dtype=np.float32)
+    return x * inv[..., None] * weight
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin, (n, head_dim/2): angle = position * base^(-2i/head_dim).
+
+    Angles are formed in float64 so long contexts keep their precision; tables are float32."""
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate ADJACENT pairs (x[2i], x[2i+1]) (ggml mode 0). x: (n, heads, head_dim)."""
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return out
+
+
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int,
+                     scale: float) -> np.ndarray:
+    """Grouped-query attention with a causal mask offset.
+
+    q: (n, n_head, d); k, v: (n_head_kv, T, d), K/V of positions 0..T-1. Query i sits at
+    position q_start + i and sees keys 0..q_start+i. Query heads are grouped onto their KV
+    head by reshaping (head h uses kv head h // group), so K/V are never copied per head.
+    Returns (n, n_head * d).
+    """
+    n, n_head, d = q.shape
+    n_kv, t = k.shape[0], k.shape[1]
+    group = n_head // n_kv
+    # (n_kv, group * n, d): all queries of one KV head in one matrix product
+    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
+    scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(scale)  # (n_kv, group*n, T)
+    scores = scores.reshape(n_kv, group, n, t)
+    if n > 1 or q_start + n < t:
+        visible = np.arange(t)[None, :] <= (q_start + np.arange(n))[:, None]  # (n, T)
+        scores = np.where(visible, scores, np.float32(-np.inf))
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out = np.matmul(scores.reshape(n_kv, group * n, t), v)  # (n_kv, group*n, d)
+    return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), written with tanh so large |x| cannot overflow."""
+    return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))

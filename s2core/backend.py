@@ -1,0 +1,129 @@
+"""The contract between the core and a backend.
+
+The core validates input, prepares per-position values (SPEC 2.3), decides chunks and owns
+n_past. A backend does the math only: it holds the weights, allocates and frees its KV cache,
+runs `eval_cached` over already-validated input and runs `fast_decode`. It declares what it is
+in one frozen `Capabilities` object, which is all the core's policies ever read about it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .errors import InvalidInputError
+from .gguf_file import ModelFile
+from .inputs import EvalBatch
+
+CACHE_DTYPES = ("f16", "bf16", "f32")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend is, as far as the core's policies and the user's planning care."""
+
+    device: str = "cpu"
+    #: layers run on an accelerator (GPU, Apple GPU), which turns on chunked prefill (SPEC 4)
+    accelerator: bool = False
+    #: how many Slow-AR layers run there; None in a probe means "all of the model's layers"
+    n_accelerated_layers: int | None = 0
+    #: s2.cpp's guard for quantized embedding lookups on CUDA: prefill semantics one at a time
+    requires_single_token_semantic_prefill: bool = False
+    #: storage type of the KV cache: "f16" (s2.cpp's), "bf16" or "f32"
+    kv_cache_dtype: str = "f16"
+    #: every cache type this backend offers (the kv_cache_dtype= option)
+    supported_kv_cache_dtypes: tuple[str, ...] = ("f16", "f32")
+    #: precision of the activations fed to matrix products ("f32", "f16", "bf16")
+    compute_dtype: str = "f32"
+    #: GGUF weight types kept in memory as stored (lower-case names: "f16", "q8_0", ...)
+    native_weight_types: frozenset[str] = frozenset({"f32"})
+    #: what every other type is dequantized to on load
+    widened_weight_dtype: str = "f32"
+
+    def __post_init__(self):
+        if self.kv_cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} not in {CACHE_DTYPES}")
+
+    def resolved(self, n_layer: int) -> "Capabilities":
+        """The same with n_accelerated_layers made concrete for a model of n_layer layers."""
+        if self.n_accelerated_layers is None:
+            return dataclasses.replace(self, n_accelerated_layers=n_layer if self.accelerator else 0)
+        return self
+
+    def keeps_native(self, gguf_type_name: str) -> bool:
+        return gguf_type_name in self.native_weight_types
+
+    def describe(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["native_weight_types"] = sorted(self.native_weight_types)
+        return d
+
+
+class Backend(ABC):
+    """Base class of every backend. Subclasses load weights in __init__ from a `ModelFile`."""
+
+    #: registry name, set by subclasses
+    name: ClassVar[str] = ""
+
+    def __init__(self, model_file: ModelFile, **options: Any):
+        self.model_file = model_file
+        self.hparams = model_file.hparams
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """Concrete capabilities of this loaded backend (n_accelerated_layers resolved)."""
+
+    # ---------------------------------------------------------------- KV cache
+    @abstractmethod
+    def allocate_kv_cache(self, max_seq_len: int) -> None:
+        """Allocate K and V, [n_layer, max_seq_len, n_head_kv, head_dim] each, zero-filled."""
+
+    def reset_kv_cache(self) -> None:
+        """Called by reset(). Rows at or past n_past are never read, so nothing need happen."""
+
+    @abstractmethod
+    def free_kv_cache(self) -> None:
+        """Release the cache's memory (clear_kv_cache at the end of a synthesis)."""
+
+    @abstractmethod
+    def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of K (after QK-norm and RoPE) and V for positions [0, n_positions), as
+        float32 numpy arrays [n_layer, n_positions, n_head_kv, head_dim]."""
+
+    # ---------------------------------------------------------------- compute
+    @abstractmethod
+    def eval_cached(self, batch: EvalBatch) -> tuple[Any, Any]:
+        """Run the Slow-AR over batch (SPEC 2.4-2.6): write K/V at rows
+        [batch.n_past, batch.n_past + batch.n_tokens) and return (hidden, logits) of the last
+        position as native arrays of shapes (dim,) and (vocab,).
+
+        Returned arrays must not alias buffers a later call overwrites. Must not write cache
+        rows below batch.n_past.
+        """
+
+    @abstractmethod
+    def fast_decode(self, hidden: Any, prefix_codes: np.ndarray) -> Any:
+        """Fast-AR logits (codebook_size,) for the next code after `prefix_codes` (SPEC 5).
+
+        `hidden` is a float32 numpy array (dim,) or this backend's native array."""
+
+    # ---------------------------------------------------------------- host hand-off
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A native result as a float32 numpy array (host memory)."""
+        return np.asarray(x, dtype=np.float32)
+
+    def close(self) -> None:
+        """Release everything; the default frees the cache."""
+        self.free_kv_cache()
+
+
+def check_option(option: str, value: Any, choices: tuple[Any, ...]) -> Any:
+    """A backend option's value, or InvalidInputError naming the option and its choices."""
+    if value not in choices:
+        raise InvalidInputError(option, f"{option}={value!r} is not one of {choices}")
+    return value

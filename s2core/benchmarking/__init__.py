@@ -1,0 +1,1 @@
+"""Benchmarks (filled by a later change)."""

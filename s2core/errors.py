@@ -1,0 +1,43 @@
+"""The package's exceptions: one base class, one subclass per kind of failure.
+
+Every message names the check that failed and the numbers involved, so a caller can act on
+it without reading our code. Input errors subclass ValueError, state errors RuntimeError.
+"""
+
+from __future__ import annotations
+
+
+class S2CoreError(Exception):
+    """Base class of every error raised by s2core."""
+
+
+class InvalidInputError(S2CoreError, ValueError):
+    """An argument failed a check; `check` names which one (for example "n_tokens>0")."""
+
+    def __init__(self, check: str, message: str):
+        super().__init__(f"[{check}] {message}")
+        self.check = check
+
+
+class InvalidTokensError(InvalidInputError):
+    """Token input of the wrong shape, length, dtype, or with ids out of range."""
+
+
+class CacheOverflowError(InvalidInputError):
+    """n_past + n_tokens would exceed the KV cache capacity (SPEC 2.1, check 3)."""
+
+
+class CacheNotInitializedError(S2CoreError, RuntimeError):
+    """An eval was asked for before init_kv_cache() (or after clear_kv_cache())."""
+
+
+class ModelFileError(S2CoreError, ValueError):
+    """A GGUF file that is not a valid S2 Pro model: missing tensor, wrong shape or type."""
+
+
+class BackendUnavailableError(S2CoreError, RuntimeError):
+    """The requested backend is unknown, failed to load, or its probe says it cannot run here."""
+
+
+class BackendRegistryError(S2CoreError, RuntimeError):
+    """The registry itself is inconsistent, for example two backends with the same name."""

@@ -1,0 +1,198 @@
+"""The Slow-AR model object users hold: validation, n_past and the KV cache's life cycle.
+
+prefill(), prefill_fast() and step() all end in one eval_cached(); the backend behind it does
+the math. Every check runs before anything changes, and n_past advances only after success,
+so a failed call leaves the model exactly as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import inputs
+from .backend import Backend, Capabilities
+from .chunking import chunk_bounds, prefill_chunk_size
+from .errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, S2CoreError
+from .gguf_file import ModelFile
+from .hparams import Hparams
+from .inputs import EvalBatch
+
+
+class Result:
+    """hidden and logits of the last position of one call.
+
+    `.hidden` / `.logits` are host float32 numpy arrays, converted once on first access;
+    `.hidden_native` / `.logits_native` are the backend's own arrays (a torch tensor, an mlx
+    array), so a generation loop can stay on the device.
+    """
+
+    __slots__ = ("hidden_native", "logits_native", "n_tokens", "_backend", "_hidden", "_logits")
+
+    def __init__(self, hidden_native: Any, logits_native: Any, n_tokens: int, backend: Backend):
+        self.hidden_native = hidden_native
+        self.logits_native = logits_native
+        self.n_tokens = n_tokens
+        self._backend = backend
+        self._hidden: np.ndarray | None = None
+        self._logits: np.ndarray | None = None
+
+    @property
+    def hidden(self) -> np.ndarray:
+        if self._hidden is None:
+            self._hidden = self._backend.to_numpy(self.hidden_native)
+        return self._hidden
+
+    @property
+    def logits(self) -> np.ndarray:
+        if self._logits is None:
+            self._logits = self._backend.to_numpy(self.logits_native)
+        return self._logits
+
+    def __repr__(self) -> str:
+        return f"Result(n_tokens={self.n_tokens}, backend={self._backend.name!r})"
+
+
+class SlowARModel:
+    """A loaded S2 Pro Slow-AR (+ Fast-AR) on one backend. Create it with `s2core.load()`."""
+
+    def __init__(self, model_file: ModelFile, backend: Backend):
+        self.model_file = model_file
+        self.backend = backend
+        self.hparams: Hparams = model_file.hparams
+        self._n_past = 0
+        self._max_seq_len: int | None = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def n_past(self) -> int:
+        """Positions already in the KV cache."""
+        return self._n_past
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """KV cache capacity in positions, or None when no cache is allocated."""
+        return self._max_seq_len
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.backend.capabilities
+
+    def init_kv_cache(self, max_seq_len: int) -> None:
+        """Allocate a zeroed cache for one synthesis (prompt + max new tokens); n_past = 0."""
+        if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)):
+            raise InvalidInputError("max_seq_len_type", f"max_seq_len must be an int, got {max_seq_len!r}")
+        max_seq_len = int(max_seq_len)
+        ctx = self.hparams.context_length
+        if not 0 < max_seq_len <= ctx:
+            raise InvalidInputError(
+                "max_seq_len_range", f"max_seq_len must be in [1, context_length={ctx}], got {max_seq_len}")
+        self.backend.free_kv_cache()
+        self._max_seq_len = None
+        self.backend.allocate_kv_cache(max_seq_len)
+        self._max_seq_len = max_seq_len
+        self._n_past = 0
+
+    def reset(self) -> None:
+        """n_past = 0; the allocation stays for the next synthesis of the same size."""
+        self._require_cache()
+        self.backend.reset_kv_cache()
+        self._n_past = 0
+
+    def clear_kv_cache(self) -> None:
+        """Free the cache at the end of a synthesis (repeated syntheses do not grow memory)."""
+        self.backend.free_kv_cache()
+        self._max_seq_len = None
+        self._n_past = 0
+
+    def kv_cache_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of K and V for positions < n_past, float32 [n_layer, n_past, n_head_kv, head_dim]."""
+        self._require_cache()
+        return self.backend.read_kv_cache(self._n_past)
+
+    # ------------------------------------------------------------------ compute
+    def prefill(self, tokens: Any, n_tokens: int | None = None,
+                chunk_size: int | None = None) -> Result:
+        """Prompt prefill, chunked as SPEC section 4 decides (or by `chunk_size`)."""
+        batch = self._prepare(tokens, n_tokens)
+        chunk = prefill_chunk_size(batch.n_tokens, batch.n_semantic, self.capabilities, chunk_size)
+        n_past_before = self._n_past
+        try:
+            for start, stop in chunk_bounds(batch.n_tokens, chunk):
+                result = self._run(batch.slice(start, stop))
+        except BaseException:
+            # Rows below the original n_past were never written; forget the partial chunks.
+            self._n_past = n_past_before
+            raise
+        return Result(result.hidden_native, result.logits_native, batch.n_tokens, self.backend)
+
+    def prefill_fast(self, tokens: Any, n_tokens: int | None = None) -> Result:
+        """Direct evaluation of the whole prompt in one call (never chunked)."""
+        return self.eval_cached(tokens, n_tokens)
+
+    def step(self, frame: Any) -> Result:
+        """One generation frame: [semantic id, code_0 .. code_{C-1}]."""
+        mat = inputs.frame_matrix(frame, self.hparams)
+        return self._run(self._batch_from_matrix(mat))
+
+    def eval_cached(self, tokens: Any, n_tokens: int | None = None) -> Result:
+        """The one compute path: validate, evaluate all positions in one backend call."""
+        return self._run(self._prepare(tokens, n_tokens))
+
+    def fast_decode(self, hidden: Any, prefix_codes: Any = ()) -> np.ndarray:
+        """Fast-AR logits (codebook_size,) for the next code given the codes so far."""
+        return self.backend.to_numpy(self.fast_decode_native(hidden, prefix_codes))
+
+    def fast_decode_native(self, hidden: Any, prefix_codes: Any = ()) -> Any:
+        """fast_decode returning the backend's native array (no host copy)."""
+        if self.hparams.fast is None:
+            raise S2CoreError(f"{self.model_file.path} has no Fast-AR "
+                              f"(architecture {self.hparams.architecture!r})")
+        inputs.check_hidden(hidden, self.hparams)
+        codes = inputs.prefix_codes(prefix_codes, self.hparams)
+        if isinstance(hidden, (list, tuple, np.ndarray)):
+            hidden = np.ascontiguousarray(hidden, dtype=np.float32)
+        return self.backend.fast_decode(hidden, codes)
+
+    # ------------------------------------------------------------------ internals
+    def _require_cache(self) -> int:
+        if self._max_seq_len is None:
+            raise CacheNotInitializedError(
+                "no KV cache: call init_kv_cache(max_seq_len) before evaluating")
+        return self._max_seq_len
+
+    def _prepare(self, tokens: Any, n_tokens: int | None) -> EvalBatch:
+        capacity = self._require_cache()
+        mat = inputs.token_matrix(tokens, n_tokens, self.hparams)
+        return self._batch_from_matrix(mat, capacity)
+
+    def _batch_from_matrix(self, mat: np.ndarray, capacity: int | None = None) -> EvalBatch:
+        capacity = self._require_cache() if capacity is None else capacity
+        n = mat.shape[0]
+        if self._n_past + n > capacity:
+            raise CacheOverflowError(
+                "capacity", f"n_past ({self._n_past}) + n_tokens ({n}) = {self._n_past + n} "
+                f"exceeds the KV cache capacity max_seq_len={capacity}")
+        return inputs.make_batch(mat, self._n_past, self.hparams)
+
+    def _run(self, batch: EvalBatch) -> Result:
+        hidden, logits = self.backend.eval_cached(batch)
+        self._n_past += batch.n_tokens  # only after success
+        return Result(hidden, logits, batch.n_tokens, self.backend)
+
+    # ------------------------------------------------------------------ life cycle
+    def close(self) -> None:
+        self.backend.close()
+        self._max_seq_len = None
+        self._n_past = 0
+
+    def __enter__(self) -> "SlowARModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"SlowARModel({str(self.model_file.path)!r}, backend={self.backend.name!r}, "
+                f"n_past={self._n_past}, max_seq_len={self._max_seq_len})")

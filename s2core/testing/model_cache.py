@@ -1,0 +1,41 @@
+"""A directory of written test models, keyed by everything that determines their bytes.
+
+The demo and the benchmarks write a model once and reuse it: an S2 Pro-sized file takes
+minutes to generate. The key hashes the hparams, weight type, seed and writer version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from ..hparams import Hparams
+from .writer import write_model
+
+#: bump when the writer's output for the same arguments changes
+WRITER_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """$S2CORE_CACHE, else $XDG_CACHE_HOME/s2core, else ~/.cache/s2core."""
+    if os.environ.get("S2CORE_CACHE"):
+        return Path(os.environ["S2CORE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "s2core"
+
+
+def cached_model(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
+                 directory: Path | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Path:
+    """Path of a model file for these arguments, written first if the cache lacks it."""
+    key = json.dumps({"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
+                      "writer": WRITER_VERSION}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    path = (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
+    if not path.exists():
+        write_model(path, hp, weight_type, seed=seed, progress=progress)
+    return path
