@@ -133,25 +133,26 @@ def _discover(builtin_plugins: tuple[str, ...], group: str | None
                                     reason=f"plugin {what} failed: {exc!r}", capabilities=None,
                                     source=source))
 
-    for module_name in builtin_plugins:
-        source = f"builtin {module_name}"
+    registered: list[tuple[Any, str]] = []  # in registration order: built-ins first
+
+    def register(load: Any, name: str, source: str) -> None:
         try:
-            pm.register(importlib.import_module(module_name), name=source)
+            plugin = load()
+            pm.register(plugin, name=source)
+            registered.append((plugin, source))
         except Exception as exc:
-            failed(module_name, source, "import", exc)
+            failed(name, source, "import", exc)
+
+    for module_name in builtin_plugins:
+        register(lambda: importlib.import_module(module_name), module_name, f"builtin {module_name}")
     if group:
         for ep in importlib.metadata.entry_points(group=group):
-            source = f"entry point {ep.name} = {ep.value}"
-            try:
-                pm.register(ep.load(), name=source)
-            except Exception as exc:
-                failed(ep.name, source, "import", exc)
+            register(ep.load, ep.name, f"entry point {ep.name} = {ep.value}")
 
     specs: dict[str, tuple[BackendSpec, str]] = {}
     duplicates: list[str] = []
-    for plugin in pm.get_plugins():
-        source = pm.get_name(plugin) or repr(plugin)
-        others = [p for p in pm.get_plugins() if p is not plugin]
+    for plugin, source in registered:
+        others = [p for p, _ in registered if p is not plugin]
         try:
             provided = pm.subset_hook_caller("s2core_backends", remove_plugins=others)()
         except Exception as exc:

@@ -53,6 +53,16 @@ def tiny_hparams(**overrides) -> Hparams:
     return replace(base, **overrides)
 
 
+def demo_hparams() -> Hparams:
+    """The demo's small model: S2 Pro's structure (GQA 4, head_dim != dim/n_head, QK-norm,
+    a semantic range as wide as the codebook, 10 codebooks) at a size a laptop runs instantly."""
+    fast = FastHparams(context_length=11, dim=256, ffn=768, n_layer=2, n_head=8, n_head_kv=2,
+                       head_dim=32, attention_qk_norm=False, project_in=False)
+    return Hparams(context_length=4096, vocab_size=8192, dim=256, ffn=768, n_layer=4, n_head=8,
+                   n_head_kv=2, head_dim=64, codebook_size=1024, num_codebooks=10,
+                   semantic_begin_id=4096, semantic_end_id=5119, fast=fast)
+
+
 def s2pro_hparams(n_layer: int = 36, fast_n_layer: int = 4) -> Hparams:
     """S2 Pro's real dimensions (SPEC section 1), with n_layer configurable for benchmarks."""
     return Hparams(n_layer=n_layer, fast=FastHparams(n_layer=fast_n_layer, project_in=False))

@@ -1,0 +1,20 @@
+"""The plugin module named by the entry point. Keep it cheap: it is imported at discovery."""
+
+from s2core.backend import Capabilities
+from s2core.plugin import BackendSpec, Probe, hookimpl
+
+CAPABILITIES = Capabilities(device="cpu", kv_cache_dtype="f32", supported_kv_cache_dtypes=("f32",),
+                            compute_dtype="f32", native_weight_types=frozenset({"f32"}),
+                            widened_weight_dtype="f32")
+
+
+def probe() -> Probe:
+    return Probe(available=True, reason="pure NumPy; an example, not tuned for speed",
+                 capabilities=CAPABILITIES)
+
+
+@hookimpl
+def s2core_backends():
+    # Priority 0: never chosen automatically over the built-in backends.
+    return [BackendSpec(name="example", backend_class="s2core_example.backend:ExampleBackend",
+                        probe=probe, priority=0, description="minimal example plugin")]

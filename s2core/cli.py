@@ -1,0 +1,129 @@
+"""The `s2core` command: backends, info, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+import s2core
+
+from .errors import S2CoreError
+from .gguf_file import ModelFile
+from .memory import kv_cache_bytes, resident_weight_bytes
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    rows = s2core.list_backends()
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=1))
+        return 0
+    default = None
+    try:
+        default = s2core.default_backend()
+    except S2CoreError as exc:
+        print(f"no default backend: {exc}")
+    for r in rows:
+        mark = "*" if r.name == default else " "
+        state = "available  " if r.available else "UNAVAILABLE"
+        print(f"{mark} {r.name:<10} priority {r.priority:>4}  {state} {r.reason}")
+        print(f"    from {r.source}")
+        c = r.capabilities
+        if c is not None:
+            print(f"    device {c.device}, accelerator {c.accelerator}, compute {c.compute_dtype}, "
+                  f"KV cache {c.kv_cache_dtype} (offers {', '.join(c.supported_kv_cache_dtypes)})")
+            print(f"    keeps as stored: {', '.join(sorted(c.native_weight_types))}; widens other "
+                  f"types to {c.widened_weight_dtype}"
+                  + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
+                     else ""))
+    if default:
+        print(f"* default (set {s2core.registry.ENV_BACKEND} to choose another)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    mf = ModelFile(args.model)
+    hp = mf.hparams
+    print(f"file         {mf.path} ({_gb(mf.file_size)})")
+    print(f"architecture {hp.architecture}")
+    for key, value in hp.as_dict().items():
+        if key != "fast":
+            print(f"  {key:<28}{value}")
+    if hp.fast is not None:
+        print("fast-AR")
+        for key, value in hp.fast.__dict__.items():
+            print(f"  {key:<28}{value}")
+    by_type: Counter = Counter()
+    count: Counter = Counter()
+    for t in mf.model_tensors():
+        by_type[t.type_name] += t.n_bytes
+        count[t.type_name] += 1
+    print("tensor types (used tensors)")
+    for name, nbytes in sorted(by_type.items()):
+        print(f"  {name:<8}{count[name]:>5} tensors {_gb(nbytes):>12}")
+    print(f"  total weights {_gb(mf.weight_bytes)}; ignored tensors (codec c.* and others): "
+          f"{len(mf.extra_tensor_names)}")
+    print(f"KV cache at {args.ctx} positions: " + ", ".join(
+        f"{d} {_gb(kv_cache_bytes(hp, args.ctx, d))}" for d in ("f16", "bf16", "f32")))
+    print("memory on each backend (weights as held after load + f16 KV cache):")
+    for r in s2core.list_backends():
+        if r.capabilities is None:
+            continue
+        weights = resident_weight_bytes(mf, r.capabilities)
+        widened = weights > mf.weight_bytes * 1.01
+        note = f" (widens to {r.capabilities.widened_weight_dtype})" if widened else ""
+        state = "" if r.available else " [unavailable here]"
+        print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
+              f"{_gb(kv_cache_bytes(hp, args.ctx, r.capabilities.kv_cache_dtype))}{state}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    run_demo(backend=args.backend, steps=args.steps, weight_type=args.weight_type, seed=args.seed)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from .benchmarking.cli import main as bench_main
+    return bench_main(rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="s2core", description=__doc__)
+    p.add_argument("--version", action="version", version=f"s2core {s2core.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("backends", help="registered backends, availability and capabilities")
+    b.add_argument("--json", action="store_true")
+    i = sub.add_parser("info", help="hparams, tensor types and memory of a GGUF model")
+    i.add_argument("model")
+    i.add_argument("--ctx", type=int, default=4096, help="KV cache length to size (positions)")
+    d = sub.add_parser("demo", help="generate frames with the embedded default model")
+    d.add_argument("--backend", default=None, help="backend name (default: auto)")
+    d.add_argument("--steps", type=int, default=32)
+    d.add_argument("--weight-type", default="f16")
+    d.add_argument("--seed", type=int, default=0)
+    sub.add_parser("bench", help="benchmarks (see `s2core bench --help`)", add_help=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv and argv[0] == "bench":  # the benchmark parses its own options
+        return cmd_bench(argparse.Namespace(), argv[1:])
+    args = parser.parse_args(argv)
+    try:
+        return {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo}[args.command](args)
+    except S2CoreError as exc:
+        print(f"s2core: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

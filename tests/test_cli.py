@@ -1,0 +1,51 @@
+"""The `s2core` command, through its installed console script where it matters."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from s2core.cli import main
+
+
+def test_backends_lists_numpy_with_capabilities(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "numpy" in out and "keeps as stored: f32" in out and "default" in out
+    assert main(["backends", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert any(r["name"] == "numpy" and r["available"] for r in rows)
+
+
+def test_info_reports_types_and_memory(tiny_model, capsys):
+    assert main(["info", str(tiny_model), "--ctx", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "head_dim                    32" in out
+    assert "f32" in out and "KV cache at 100 positions" in out
+    # 2 layers x 100 positions x 1 kv head x 32 x 2 (K,V) x 2 bytes = 25.6 kB
+    assert "f16 0.03 MB" in out
+
+
+def test_info_on_a_bad_file_is_a_clean_error(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    assert main(["info", str(bad)]) == 2
+    assert "s2core: error:" in capsys.readouterr().err
+
+
+def test_demo_runs_through_the_console_script(tmp_path):
+    exe = shutil.which("s2core", path=str(__import__("pathlib").Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("the s2core console script is not installed in this environment")
+    env = {"S2CORE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin",
+           "S2CORE_BACKEND": "numpy"}
+    out = subprocess.run([exe, "demo", "--steps", "4"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "backend      numpy" in out.stdout
+    assert "generated    4 frames" in out.stdout
+    assert list(tmp_path.glob("demo-f16-*.gguf"))
