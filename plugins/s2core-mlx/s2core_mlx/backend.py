@@ -1,0 +1,92 @@
+"""The MLX backend: the Apple GPU through Metal, or MLX's CPU build elsewhere.
+
+Compute is float32. Weights stay in their GGUF type where MLX can use it (F32/F16/BF16 arrays;
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K in MLX's affine quantized format, converted exactly);
+Q2_K, Q3_K and Q6_K are widened on load (`widened_weight_dtype`, float32 by default). The KV
+cache is F16 by default (as s2.cpp), or BF16/F32 (`kv_cache_dtype`).
+
+Each eval_cached builds the whole call (embedding, every layer, cache writes, logits) as one
+lazy graph and evaluates it once; results are mx.arrays, so a generation loop can sample on
+the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from s2core.backend import Backend, Capabilities, check_option
+from s2core.gguf_file import ModelFile
+from s2core.inputs import EvalBatch
+
+from .fast_ar import FastDecoder
+from .kv_cache import KVCache
+from .plugin import CACHE_DTYPES, WIDENED_DTYPES, mlx_capabilities
+from .slow_ar import SlowAR
+from .weights import MX_DTYPES
+
+
+def metal_available() -> bool:
+    return mx.metal.is_available()
+
+
+class MlxBackend(Backend):
+    name = "mlx"
+
+    def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
+                 widened_weight_dtype: str = "f32"):
+        super().__init__(model_file)
+        check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
+        check_option("widened_weight_dtype", widened_weight_dtype, WIDENED_DTYPES)
+        metal = metal_available()
+        self.device = mx.gpu if metal else mx.cpu
+        self._caps = mlx_capabilities(metal, kv_cache_dtype, widened_weight_dtype
+                                      ).resolved(self.hparams.n_layer)
+        self._cache_dtype = MX_DTYPES[kv_cache_dtype]
+        with mx.stream(self.device):
+            self.slow = SlowAR(model_file, widened_weight_dtype)
+            self.fast = (None if self.hparams.fast is None
+                         else FastDecoder(model_file, widened_weight_dtype))
+        self._cache: KVCache | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    # ---------------------------------------------------------------- KV cache
+    def allocate_kv_cache(self, max_seq_len: int) -> None:
+        hp = self.hparams
+        with mx.stream(self.device):
+            self._cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
+                                  self._cache_dtype)
+
+    def free_kv_cache(self) -> None:
+        self._cache = None
+        mx.clear_cache()  # hand the buffers back instead of keeping them in MLX's pool
+
+    def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._cache.read(n_positions)
+
+    # ---------------------------------------------------------------- compute
+    def eval_cached(self, batch: EvalBatch) -> tuple[mx.array, mx.array]:
+        with mx.stream(self.device):
+            hidden, logits = self.slow(batch, self._cache)
+            mx.eval(hidden, logits, self._cache.arrays())
+        return hidden, logits
+
+    def fast_decode(self, hidden: Any, prefix_codes: np.ndarray) -> mx.array:
+        with mx.stream(self.device):
+            logits = self.fast(mx.array(hidden), prefix_codes)
+            mx.eval(logits)
+        return logits
+
+    # ---------------------------------------------------------------- host hand-off
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """float32 results come back without a copy (the buffer is shared with MLX)."""
+        if isinstance(x, mx.array):
+            if x.dtype != mx.float32:
+                x = x.astype(mx.float32)
+            return np.asarray(x)
+        return np.asarray(x, dtype=np.float32)

@@ -1,0 +1,104 @@
+"""One transformer block in MLX (SPEC 2.5), shared by the Slow-AR and the Fast-AR.
+
+Activations are float32 and laid out for MLX's fused kernels: per-head tensors are
+(1, heads, tokens, head_dim), the batch-of-one shape that mx.fast.rope and
+mx.fast.scaled_dot_product_attention expect.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from s2core.gguf_file import ModelFile
+
+from .weights import Matrix, load_matrix, load_vector
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """What a block needs to know about its stack (the Slow-AR's or the Fast-AR's)."""
+
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    eps: float
+    rope_base: float
+
+    @property
+    def q_size(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def attn_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    attn_norm: mx.array
+    ffn_norm: mx.array
+    wqkv: Matrix
+    wo: Matrix
+    w1: Matrix
+    w3: Matrix
+    w2: Matrix
+    q_norm: mx.array | None
+    k_norm: mx.array | None
+
+    @classmethod
+    def load(cls, mf: ModelFile, prefix: str, qk_norm: bool, widened_dtype: str) -> "BlockWeights":
+        def m(name: str) -> Matrix:
+            return load_matrix(mf, f"{prefix}.{name}.weight", widened_dtype)
+
+        def v(name: str) -> mx.array:
+            return load_vector(mf, f"{prefix}.{name}.weight")
+        return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
+                   m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
+                   v("attention.q_norm") if qk_norm else None,
+                   v("attention.k_norm") if qk_norm else None)
+
+
+def attention_inputs(x: mx.array, blk: BlockWeights, s: StackShape, first_position: int
+                     ) -> tuple[mx.array, mx.array, mx.array]:
+    """q (1, n_head, n, d) and k, v (1, n_head_kv, n, d) of the n rows of x, which sit at
+    positions first_position.., QK-normed and rotated."""
+    n = x.shape[0]
+    qkv = blk.wqkv.project(mx.fast.rms_norm(x, blk.attn_norm, s.eps))
+    q = qkv[:, :s.q_size].reshape(n, s.n_head, s.head_dim)
+    k = qkv[:, s.q_size:s.q_size + s.kv_size].reshape(n, s.n_head_kv, s.head_dim)
+    v = qkv[:, s.q_size + s.kv_size:].reshape(n, s.n_head_kv, s.head_dim)
+    if blk.q_norm is not None:
+        q = mx.fast.rms_norm(q, blk.q_norm, s.eps)
+        k = mx.fast.rms_norm(k, blk.k_norm, s.eps)
+    q, k, v = (t.transpose(1, 0, 2)[None] for t in (q, k, v))
+    # traditional=True rotates adjacent pairs (x[2i], x[2i+1]): ggml's mode 0 (SPEC 2.5)
+    q = mx.fast.rope(q, s.head_dim, traditional=True, base=s.rope_base, scale=1.0,
+                     offset=first_position)
+    k = mx.fast.rope(k, s.head_dim, traditional=True, base=s.rope_base, scale=1.0,
+                     offset=first_position)
+    return q, k, v
+
+
+def attend(q: mx.array, keys: mx.array, values: mx.array, s: StackShape) -> mx.array:
+    """Causal grouped-query attention of queries at the END of the key range: query i of n
+    sees keys 0..T-n+i, which is MLX's lower-right-aligned "causal" mask (query head h reads
+    KV head h // (n_head / n_head_kv), without repeating K/V). Returns (n, n_head * d)."""
+    n = q.shape[2]
+    out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=s.attn_scale,
+                                               mask="causal" if n > 1 else None)
+    return out[0].transpose(1, 0, 2).reshape(n, s.q_size)
+
+
+def finish_block(x: mx.array, attn: mx.array, blk: BlockWeights, eps: float) -> mx.array:
+    """Output projection, residual, SwiGLU feed-forward, residual."""
+    h = x + blk.wo.project(attn)
+    f = mx.fast.rms_norm(h, blk.ffn_norm, eps)
+    gate = blk.w1.project(f)
+    return h + blk.w2.project(gate * mx.sigmoid(gate) * blk.w3.project(f))

@@ -1,0 +1,93 @@
+"""Registers the MLX backend with s2core (entry point group `s2core.backends`).
+
+Cheap to import and to probe: nothing here imports mlx, not even its package. The probe only
+asks whether the `mlx.core` extension is on the path (found, not loaded), which platform this
+is, and which of MLX's backend libraries are installed (package metadata).
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import platform
+
+from s2core.backend import Capabilities
+from s2core.plugin import BackendSpec, Probe, hookimpl
+
+CACHE_DTYPES = ("f16", "bf16", "f32")
+#: what Q2_K/Q3_K/Q6_K become: f32 is exact; f16 halves their memory (rounds each weight once)
+WIDENED_DTYPES = ("f32", "f16")
+#: GGUF types kept in memory as stored: floats as MLX arrays of that type, quantized types in
+#: MLX's affine format (converted exactly, see gguf_quant). Q2_K, Q3_K, Q6_K are widened.
+NATIVE_WEIGHT_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                                 "q4_k", "q5_k"})
+
+#: Apple GPU: above every other backend
+METAL_PRIORITY = 400
+#: a CPU build (Linux): below NumPy (100); MLX's Linux wheel multiplies with the reference BLAS
+CPU_PRIORITY = 10
+
+INSTALL_HINT = "pip install mlx (macOS, Apple silicon) or pip install 'mlx[cpu]' (Linux)"
+
+
+def is_apple_silicon() -> bool:
+    return platform.system() == "Darwin" and platform.machine() == "arm64"
+
+
+def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16",
+                     widened_weight_dtype: str = "f32") -> Capabilities:
+    return Capabilities(
+        device="metal" if metal else "cpu", accelerator=metal,
+        n_accelerated_layers=None if metal else 0,
+        requires_single_token_semantic_prefill=False, kv_cache_dtype=kv_cache_dtype,
+        supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
+        native_weight_types=NATIVE_WEIGHT_TYPES, widened_weight_dtype=widened_weight_dtype)
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _mlx_core_installed() -> bool:
+    """Whether the mlx.core extension exists, found without importing even the `mlx` package
+    (find_spec("mlx.core") would import it)."""
+    try:
+        top = importlib.util.find_spec("mlx")
+    except (ImportError, ValueError):
+        return False
+    if top is None or not top.submodule_search_locations:
+        return False
+    return importlib.machinery.PathFinder.find_spec(
+        "core", list(top.submodule_search_locations)) is not None
+
+
+def probe() -> Probe:
+    if not _mlx_core_installed():
+        return Probe(available=False, reason=f"mlx is not installed ({INSTALL_HINT})",
+                     capabilities=mlx_capabilities(metal=False))
+    if is_apple_silicon():
+        return Probe(available=True, reason="MLX on the Apple GPU (Metal)",
+                     capabilities=mlx_capabilities(metal=True), priority=METAL_PRIORITY)
+    # On Linux the mlx wheel holds no kernels of its own: mlx[cpu] (or mlx[cuda]) adds them.
+    if platform.system() == "Linux" and not (
+            _installed("mlx-cpu") or any(_installed(f"mlx-cuda{v}") for v in ("", "-12", "-13"))):
+        return Probe(available=False, reason="mlx is installed without its CPU library "
+                     "(pip install 'mlx[cpu]')", capabilities=mlx_capabilities(metal=False))
+    return Probe(available=True, reason=(
+        f"MLX CPU build on {platform.system()}: it multiplies with the reference BLAS, so it is "
+        "a correctness target, not a speed one (ranked below numpy)"),
+        capabilities=mlx_capabilities(metal=False), priority=CPU_PRIORITY)
+
+
+@hookimpl
+def s2core_backends() -> list[BackendSpec]:
+    return [BackendSpec(
+        name="mlx", backend_class="s2core_mlx.backend:MlxBackend", probe=probe,
+        priority=CPU_PRIORITY,
+        description="MLX (Apple GPU via Metal, or CPU): float32 compute, fused RMSNorm/RoPE/"
+                    "attention kernels, GGUF quants kept quantized where MLX's format fits")]

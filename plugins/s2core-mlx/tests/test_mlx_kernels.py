@@ -1,0 +1,56 @@
+"""The conventions of MLX's fused kernels that the backend relies on, checked in float64.
+
+If a future MLX changed any of them, these fail with a precise message before the
+conformance matrix fails with a vague one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
+
+
+def rope_adjacent_pairs(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
+    """SPEC 2.5: rotate (x[2i], x[2i+1]) by position * base^(-2i/d). x: (..., T, d)."""
+    d = x.shape[-1]
+    angle = positions[:, None] * base ** (-np.arange(0, d, 2) / d)[None, :]
+    c, s = np.cos(angle), np.sin(angle)
+    out = np.empty(x.shape)
+    out[..., 0::2] = x[..., 0::2] * c - x[..., 1::2] * s
+    out[..., 1::2] = x[..., 0::2] * s + x[..., 1::2] * c
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 5, 300])
+def test_traditional_rope_rotates_adjacent_pairs_from_the_offset(offset):
+    x = np.random.default_rng(offset).standard_normal((1, 3, 4, 32)).astype(np.float32)
+    out = mx.fast.rope(mx.array(x), 32, traditional=True, base=1e6, scale=1.0, offset=offset)
+    expected = rope_adjacent_pairs(x.astype(np.float64), offset + np.arange(4), 1e6)
+    # float32 angles: the error grows with the position (about 1e-7 * position radians)
+    np.testing.assert_allclose(np.array(out), expected, rtol=0, atol=1e-6 + 2e-7 * offset)
+    other = mx.fast.rope(mx.array(x), 32, traditional=False, base=1e6, scale=1.0, offset=offset)
+    if offset:
+        assert np.abs(np.array(other) - expected).max() > 1e-2  # the NeoX layout is not it
+
+
+@pytest.mark.parametrize("n_past,n", [(0, 5), (7, 1), (7, 4)])
+def test_causal_string_mask_is_the_offset_causal_mask_with_gqa(n_past, n):
+    """Queries at positions n_past.. over keys 0..n_past+n-1; 4 query heads on 2 KV heads
+    (query head h reads KV head h // 2, repeat-interleave)."""
+    rng = np.random.default_rng(n_past * 10 + n)
+    q = rng.standard_normal((1, 4, n, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, n_past + n, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 2, n_past + n, 8)).astype(np.float32)
+    out = mx.fast.scaled_dot_product_attention(
+        mx.array(q), mx.array(k), mx.array(v), scale=8 ** -0.5,
+        mask="causal" if n > 1 else None)
+    expected = np.empty((4, n, 8))
+    for h in range(4):
+        scores = q[0, h].astype(np.float64) @ k[0, h // 2].T.astype(np.float64) * 8 ** -0.5
+        visible = np.arange(n_past + n)[None, :] <= (n_past + np.arange(n))[:, None]
+        scores = np.where(visible, scores, -np.inf)
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        expected[h] = (p / p.sum(axis=1, keepdims=True)) @ v[0, h // 2]
+    np.testing.assert_allclose(np.array(out)[0], expected, rtol=0, atol=1e-5)
