@@ -1,0 +1,207 @@
+"""The PyTorch backend: weights and the whole KV cache on one device (CUDA or the CPU).
+
+Options (keyword arguments of `s2core.load(..., backend="torch")`):
+  device      "cpu", "cuda", "cuda:N"; default $S2CORE_TORCH_DEVICE, else cuda if available
+  dtype       compute precision: "f32" (default, $S2CORE_TORCH_DTYPE); on CUDA also "f16", "bf16"
+  kv_cache_dtype                 "f16" (default, as s2.cpp), "bf16", "f32"
+  single_token_semantic_prefill  None (auto), True, False: see `capabilities`
+
+On the CPU, matrix-vector products with f16/bf16 weights take activations of the weight's type
+(torch's fast half GEMV; ggml does the same), so capabilities.compute_dtype says "f16" or "bf16"
+for such files; multi-token products widen those weights to float32 at use (ops.Matmul).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from s2core.backend import Backend, Capabilities
+from s2core.gguf_file import ModelFile
+from s2core.inputs import EvalBatch
+
+from . import ops, options
+from .kv_cache import KVCache
+from .plugin import torch_capabilities
+from .weights import BlockWeights, StackShape, WeightLoader
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, model_file: ModelFile, device: Any = None, dtype: str | None = None,
+                 kv_cache_dtype: str = "f16", single_token_semantic_prefill: bool | None = None):
+        super().__init__(model_file)
+        opts = options.resolve(device, dtype, kv_cache_dtype, single_token_semantic_prefill)
+        self.options = opts
+        self.device = opts.device
+        hp = self.hparams
+        compute = options.TORCH_DTYPES[opts.compute_dtype]
+        widened = compute if opts.on_cuda else torch.float16
+        load = WeightLoader(model_file, self.device, widened)
+
+        self.embeddings = load.matrix("embeddings.weight")  # also the tied output matrix
+        self.codebooks = load.matrix("codebook_embeddings.weight")
+        self.norm = load.vector("norm.weight")
+        self.layers = [BlockWeights.load(load, f"layers.{i}", hp.attention_qk_norm)
+                       for i in range(hp.n_layer)]
+        self.shape = StackShape(hp.n_head, hp.n_head_kv, hp.head_dim, hp.rms_norm_eps,
+                                hp.rope_freq_base)
+        self.fast = None if hp.fast is None else FastDecoder(load, hp.fast)
+
+        matrices = [self.embeddings] + [w for b in self.layers for w in b.matrices()]
+        matrices += self.fast.matrices() if self.fast else []
+        self.matmul = ops.Matmul(self.device, compute)
+        self.output_product = ops.OutputProduct(self.matmul, self.device)
+        # On the CPU, attention runs in float32: it streams K/V, not weights, and is a small
+        # part of a step. On CUDA it takes the compute dtype (the flash kernels want halves).
+        self.attention_dtype = compute if opts.on_cuda else torch.float32
+        self.cache_dtype = options.TORCH_DTYPES[opts.kv_cache_dtype]
+        self._cache: KVCache | None = None
+        self._rope: torch.Tensor | None = None  # (max_seq_len, head_dim/2), with the cache
+        self._caps = self._capabilities(matrices)
+
+    def _capabilities(self, matrices: list[torch.Tensor]) -> Capabilities:
+        opts = self.options
+        if opts.on_cuda:
+            compute_name = opts.compute_dtype
+        else:  # the coarsest activation type fed to a product (see ops.Matmul)
+            kinds = {w.dtype for w in matrices}
+            compute_name = next((_DTYPE_NAMES[t] for t in (torch.bfloat16, torch.float16)
+                                 if t in kinds), "f32")
+        # s2.cpp prefills semantic positions one at a time on CUDA only because its embedding
+        # tables stay quantized there; here every table is dequantized on load, so auto = off.
+        single = bool(opts.single_token_semantic_prefill)
+        n_layer = self.hparams.n_layer
+        return torch_capabilities(opts.device_name, compute_name, opts.kv_cache_dtype,
+                                  n_accelerated_layers=n_layer if opts.on_cuda else 0,
+                                  single_token_semantic_prefill=single)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    # ---------------------------------------------------------------- KV cache
+    def allocate_kv_cache(self, max_seq_len: int) -> None:
+        hp = self.hparams
+        with torch.inference_mode():
+            self._cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
+                                  self.cache_dtype, self.attention_dtype, self.device)
+            self._rope = ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
+
+    def free_kv_cache(self) -> None:
+        self._cache = None
+        self._rope = None
+
+    def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        with torch.inference_mode():
+            return self._cache.read(n_positions)
+
+    # ---------------------------------------------------------------- compute
+    def _embed(self, batch: EvalBatch) -> torch.Tensor:
+        """SPEC 2.4 for every position, float32 (n, dim). One host-to-device copy per array."""
+        dev = self.device
+        token_ids = torch.from_numpy(batch.token_ids).to(dev)
+        codebook_ids = torch.from_numpy(batch.codebook_ids).to(dev)
+        mask = torch.from_numpy(batch.semantic_mask).to(dev)
+        scale = torch.from_numpy(batch.scale).to(dev)
+        x = self.embeddings[token_ids].float()
+        # Text positions gather codebook row 0 (the core points them there) and mask it out.
+        codes = self.codebooks[codebook_ids].float().sum(dim=1)
+        return (x + mask[:, None] * codes) * scale[:, None]
+
+    @torch.inference_mode()
+    def eval_cached(self, batch: EvalBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        s, cache, mm = self.shape, self._cache, self.matmul
+        n, n_past = batch.n_tokens, batch.n_past
+        rotations = self._rope[n_past:n_past + n]
+        mask = ops.causal_mask(n, n_past, self.device)
+        x = self._embed(batch)
+        last = len(self.layers) - 1
+        for i, blk in enumerate(self.layers):
+            q, k, v = project_qkv(x, blk, s, rotations, mm)
+            keys, values = cache.update(i, n_past, k, v)
+            if i == last and n > 1:
+                # Only the last position reaches the output: skip the others' final block.
+                x, q, mask = x[-1:], q[-1:], None
+            attn = ops.attention(q.to(self.attention_dtype), keys, values, mask, s.scale)
+            x = finish_block(x, attn, blk, s.eps, mm)
+        hidden = ops.rms_norm(x[-1], self.norm, s.eps)
+        return hidden, self.output_product(self.embeddings, hidden)
+
+    @torch.inference_mode()
+    def fast_decode(self, hidden: Any, prefix_codes: np.ndarray) -> torch.Tensor:
+        h = torch.as_tensor(hidden, device=self.device).float()
+        codes = torch.from_numpy(np.asarray(prefix_codes, dtype=np.int64)).to(self.device)
+        return self.fast(h, codes, self.matmul, self.output_product, self.attention_dtype)
+
+    # ---------------------------------------------------------------- host hand-off
+    def to_numpy(self, x: Any) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            return x.detach().to("cpu", torch.float32).numpy()
+        return np.asarray(x, dtype=np.float32)
+
+
+def project_qkv(x: torch.Tensor, blk: BlockWeights, s: StackShape, rotations: torch.Tensor,
+                mm: ops.Matmul) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (n, n_head, d) and k (n, n_head_kv, d), QK-normed and rotated in float32; v as the
+    product left it (the compute precision)."""
+    qkv = mm(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv)
+    q_size, kv_size = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    q = qkv[:, :q_size].unflatten(1, (s.n_head, s.head_dim))
+    k = qkv[:, q_size:q_size + kv_size].unflatten(1, (s.n_head_kv, s.head_dim))
+    v = qkv[:, q_size + kv_size:].unflatten(1, (s.n_head_kv, s.head_dim))
+    if blk.q_norm is not None:
+        q = ops.rms_norm(q, blk.q_norm, s.eps)
+        k = ops.rms_norm(k, blk.k_norm, s.eps)
+    return ops.apply_rope(q, rotations), ops.apply_rope(k, rotations), v
+
+
+def finish_block(x: torch.Tensor, attn: torch.Tensor, blk: BlockWeights, eps: float,
+                 mm: ops.Matmul) -> torch.Tensor:
+    """Output projection, residual, SwiGLU feed-forward, residual (the residual in float32)."""
+    h = x + mm(attn, blk.wo)
+    f = ops.rms_norm(h, blk.ffn_norm, eps)
+    return h + mm(ops.silu_gate(mm(f, blk.w1), mm(f, blk.w3)), blk.w2)
+
+
+class FastDecoder:
+    """The Fast-AR (SPEC 5): recomputed from scratch per call, as s2.cpp does."""
+
+    def __init__(self, load: WeightLoader, f):
+        self.project_in = load.matrix("fast_project_in.weight") if f.project_in else None
+        self.embeddings = load.matrix("fast_embeddings.weight")
+        self.norm = load.vector("fast_norm.weight")
+        self.output = load.matrix("fast_output.weight")
+        self.layers = [BlockWeights.load(load, f"fast_layers.{i}", f.attention_qk_norm)
+                       for i in range(f.n_layer)]
+        self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps,
+                                f.rope_freq_base)
+        self.rope = ops.rope_table(f.context_length, f.head_dim, f.rope_freq_base, load.device)
+
+    def matrices(self) -> list[torch.Tensor]:
+        out = [self.embeddings, self.output] + [w for b in self.layers for w in b.matrices()]
+        return out + ([self.project_in] if self.project_in is not None else [])
+
+    def __call__(self, hidden: torch.Tensor, codes: torch.Tensor, mm: ops.Matmul,
+                 output_product: ops.OutputProduct, attention_dtype: torch.dtype) -> torch.Tensor:
+        s = self.shape
+        first = hidden[None] if self.project_in is None else mm(hidden[None], self.project_in)
+        x = torch.cat([first.float(), self.embeddings[codes].float()])
+        n = x.shape[0]
+        rotations = self.rope[:n]
+        mask = ops.causal_mask(n, 0, x.device)
+        last = len(self.layers) - 1
+        for i, blk in enumerate(self.layers):
+            q, k, v = project_qkv(x, blk, s, rotations, mm)
+            if i == last and n > 1:
+                x, q, mask = x[-1:], q[-1:], None
+            keys = k.transpose(0, 1).to(attention_dtype)
+            values = v.transpose(0, 1).to(attention_dtype)
+            attn = ops.attention(q.to(attention_dtype), keys, values, mask, s.scale)
+            x = finish_block(x, attn, blk, s.eps, mm)
+        return output_product(self.output, ops.rms_norm(x[-1], self.norm, s.eps))

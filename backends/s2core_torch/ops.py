@@ -1,0 +1,146 @@
+"""The transformer's building blocks as torch code on fused primitives.
+
+Precision plan (s2.cpp's): the residual stream, norms, RoPE, softmax and the logits stay in
+float32; only the activations fed to matrix products take the compute precision.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HALF = (torch.float16, torch.bfloat16)
+
+#: On the CPU, products of at most this many rows with an f16/bf16 weight run in the weight's
+#: type: torch's half GEMV streams the weight at memory speed, and for a few rows (it then runs
+#: about one GEMV per row out of cache) it still beats widening the weight. Measured on a Zen4
+#: for 9728x2560 weights read from DRAM: f16 1.7 ms at 1 row, 11 at 8, 20 at 16, 40 at 32;
+#: widen + f32 GEMM 19-25 ms from 1 to 16 rows, 34 at 32. Above it the weight is widened to
+#: float32 at use: torch's f16 GEMM has no fast CPU kernel (44 vs 135 GFLOP/s for f32).
+CPU_HALF_MAX_ROWS = 16
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, in float32."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight, eps)
+
+
+def rope_table(n_positions: int, head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """Unit rotations (n_positions, head_dim/2), complex64: angle = position * base^(-2i/d).
+
+    Angles are formed in float64 so long contexts keep their precision, then cast."""
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    table = torch.complex(torch.from_numpy(np.cos(angles).astype(np.float32)),
+                          torch.from_numpy(np.sin(angles).astype(np.float32)))
+    return table.to(device)
+
+
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Rotate ADJACENT pairs (x[2i], x[2i+1]) (ggml mode 0, not rotate-half), in float32.
+
+    x: (n, heads, head_dim); rotations: (n, head_dim/2). A pair is one complex number, so the
+    rotation is one complex product: (a + ib)(cos + i sin)."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotations[:, None, :]).flatten(-2)
+
+
+def causal_mask(n_queries: int, n_past: int, device: torch.device) -> torch.Tensor | None:
+    """(n, n_past + n) booleans: query i, at position n_past + i, sees keys 0..n_past + i.
+
+    None for one query: the last position sees every key."""
+    if n_queries == 1:
+        return None
+    keys = torch.arange(n_past + n_queries, device=device)
+    queries = torch.arange(n_past, n_past + n_queries, device=device)
+    return keys[None, :] <= queries[:, None]
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+              mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Grouped-query attention on SDPA's fused kernels (no repeated K/V is materialized).
+
+    q: (n, n_head, d); keys, values: (n_head_kv, T, d), any row stride. Returns (n, n_head*d).
+    """
+    n, n_head, d = q.shape
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+        attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(n, n_head * d)
+
+
+class WeightWidener:
+    """float32 copies of half weights for multi-row CPU products, made in one reused buffer
+    (sized by the largest weight widened so far).
+
+    A fresh 100 MB float32 tensor per product would cost a page fault per 4 KB (glibc maps
+    allocations that large anew each time): 28 ms to widen a 9728x2560 weight instead of 4 ms.
+    """
+
+    def __init__(self):
+        self._buffer: torch.Tensor | None = None
+
+    def __call__(self, w: torch.Tensor) -> torch.Tensor:
+        if self._buffer is None or self._buffer.numel() < w.numel():
+            self._buffer = None  # free the old one first
+            self._buffer = torch.empty(w.numel(), dtype=torch.float32)
+        return self._buffer[:w.numel()].view(w.shape).copy_(w)
+
+
+class Matmul:
+    """x @ w.T with the activation precision the device and the row count call for.
+
+    CUDA: activations and weight in the compute dtype (a weight stored otherwise is converted
+    at use). CPU: f32 weights in f32; f16/bf16 weights in their own type for up to
+    CPU_HALF_MAX_ROWS rows (torch's half GEMV accumulates in f32 but rounds its output to the
+    half type), widened to f32 at use above that.
+    """
+
+    def __init__(self, device: torch.device, compute_dtype: torch.dtype):
+        self.on_cuda = device.type == "cuda"
+        self.compute_dtype = compute_dtype
+        self.widen = WeightWidener()
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.on_cuda:
+            return F.linear(x.to(self.compute_dtype), w.to(self.compute_dtype))
+        if w.dtype not in HALF:
+            return F.linear(x.float(), w)
+        if x.shape[0] <= CPU_HALF_MAX_ROWS:
+            return F.linear(x.to(w.dtype), w)
+        return F.linear(x.float(), self.widen(w))
+
+
+class OutputProduct:
+    """float32 logits = table @ h for one vector h (tied logits, Fast-AR output).
+
+    On CUDA with half compute it asks cuBLAS for float32 output (aten mm.dtype) so the logits
+    are not rounded to the half type; that op has no CPU kernel (torch 2.13), so the CPU half
+    GEMV's output is rounded to f16/bf16 before the cast (relative error ~2e-4 for f16).
+    """
+
+    def __init__(self, matmul: Matmul, device: torch.device):
+        self.matmul = matmul
+        self.f32_output = matmul.on_cuda and matmul.compute_dtype in HALF and _mm_dtype_works(
+            matmul.compute_dtype, device)
+
+    def __call__(self, table: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if self.f32_output:
+            dtype = self.matmul.compute_dtype
+            return torch.ops.aten.mm.dtype(h.to(dtype)[None], table.to(dtype).t(), torch.float32)[0]
+        return self.matmul(h[None], table)[0].float()
+
+
+def _mm_dtype_works(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether this torch build has aten::mm.dtype (half inputs, float32 output) on CUDA."""
+    try:
+        a = torch.ones(1, 8, dtype=dtype, device=device)
+        return torch.ops.aten.mm.dtype(a, a.t(), torch.float32).dtype == torch.float32
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's silu(gate) * up, in the products' output type."""
+    return F.silu(gate) * up

@@ -1,0 +1,72 @@
+"""The backend's options, checked and resolved before any weight is read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from s2core.backend import check_option
+from s2core.errors import BackendUnavailableError, InvalidInputError
+
+from .plugin import (CACHE_DTYPES, COMPUTE_DTYPES, ENV_DEVICE, ENV_DTYPE, device_kind,
+                     valid_device_name)
+
+TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Options:
+    device: torch.device
+    compute_dtype: str          # "f32" | "f16" | "bf16" (on the CPU always "f32", see ops.Matmul)
+    kv_cache_dtype: str         # "f16" | "bf16" | "f32"
+    single_token_semantic_prefill: bool | None  # None = auto
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device)
+
+
+def resolve(device: Any = None, dtype: str | None = None, kv_cache_dtype: str = "f16",
+            single_token_semantic_prefill: bool | None = None) -> Options:
+    """Validate the keyword options; None means the environment's choice, then the default."""
+    dev = _resolve_device(device)
+    kind = dev.type
+    dtype = dtype if dtype is not None else (os.environ.get(ENV_DTYPE, "").strip() or "f32")
+    check_option("dtype", dtype, COMPUTE_DTYPES[kind])
+    if dtype == "bf16" and torch.cuda.get_device_capability(dev) < (8, 0):
+        raise BackendUnavailableError(f"dtype='bf16': {dev} predates bfloat16 support (sm_80)")
+    check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
+    if not (single_token_semantic_prefill is None or isinstance(single_token_semantic_prefill, bool)):
+        raise InvalidInputError(
+            "single_token_semantic_prefill", "single_token_semantic_prefill must be None (auto), "
+            f"True or False, got {single_token_semantic_prefill!r}")
+    return Options(dev, dtype, kv_cache_dtype, single_token_semantic_prefill)
+
+
+def _resolve_device(device: Any) -> torch.device:
+    if device is None:
+        device = os.environ.get(ENV_DEVICE, "").strip() or (
+            "cuda" if torch.cuda.is_available() else "cpu")
+    name = str(device)
+    if not valid_device_name(name):
+        raise InvalidInputError("device", f"device={device!r} is not 'cpu', 'cuda' or 'cuda:N'")
+    if device_kind(name) == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise BackendUnavailableError(
+            f"device={name!r}: CUDA is not available to torch {torch.__version__} ({build}, "
+            "or no NVIDIA GPU/driver); use device='cpu'")
+    index = torch.cuda.current_device() if name == "cuda" else int(name.split(":")[1])
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise BackendUnavailableError(
+            f"device={name!r}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)

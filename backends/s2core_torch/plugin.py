@@ -1,0 +1,107 @@
+"""Registers the PyTorch backend. Cheap to import and to probe: torch itself is never imported
+here (that costs seconds); its presence and CUDA build are read from the file system.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from s2core.backend import Capabilities
+from s2core.plugin import BackendSpec, Probe, hookimpl
+
+ENV_DEVICE = "S2CORE_TORCH_DEVICE"
+ENV_DTYPE = "S2CORE_TORCH_DTYPE"
+
+CACHE_DTYPES = ("f16", "bf16", "f32")
+#: compute dtypes per device kind; the CPU computes in f32 (half weights aside, see below)
+COMPUTE_DTYPES = {"cpu": ("f32",), "cuda": ("f32", "f16", "bf16")}
+#: F32, F16 and BF16 tensors are used as stored; quantized types are widened on load
+NATIVE_WEIGHT_TYPES = frozenset({"f32", "f16", "bf16"})
+#: quantized weights become f16 on the CPU (2 bytes/param and torch's fast f16 GEMV)
+CPU_WIDENED_DTYPE = "f16"
+
+CUDA_PRIORITY = 300
+#: Just below NumPy's 100 for now; a later benchmark issue sets it from measured decode speed.
+CPU_PRIORITY = 90
+
+_DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def device_kind(device: str) -> str:
+    """"cpu" or "cuda" for a device string such as "cuda:1"."""
+    return device.split(":", 1)[0]
+
+
+def valid_device_name(device: str) -> bool:
+    return bool(_DEVICE_PATTERN.match(device))
+
+
+def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f16",
+                       n_accelerated_layers: int | None = None,
+                       single_token_semantic_prefill: bool = False) -> Capabilities:
+    """What the backend is on `device`; n_accelerated_layers None means "all layers"."""
+    on_cuda = device_kind(device) == "cuda"
+    return Capabilities(
+        device=device, accelerator=on_cuda, n_accelerated_layers=n_accelerated_layers,
+        requires_single_token_semantic_prefill=single_token_semantic_prefill,
+        kv_cache_dtype=kv_cache_dtype, supported_kv_cache_dtypes=CACHE_DTYPES,
+        compute_dtype=compute_dtype, native_weight_types=NATIVE_WEIGHT_TYPES,
+        widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE)
+
+
+def nvidia_driver_present() -> bool:
+    """An NVIDIA kernel driver is loaded (no CUDA call, no torch import)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False  # the GPUs are hidden from this process
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl"))
+
+
+def torch_is_cuda_build(torch_dir: Path) -> bool:
+    """The installed torch ships its CUDA library (a CPU wheel does not)."""
+    lib = torch_dir / "lib"
+    return any(lib.glob("*torch_cuda*")) if lib.is_dir() else False
+
+
+def probe() -> Probe:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return Probe(available=False, reason="torch is not installed (pip install 's2core[torch]')",
+                     capabilities=torch_capabilities("cpu", "f16"), priority=CPU_PRIORITY)
+    cuda_here = nvidia_driver_present() and torch_is_cuda_build(Path(spec.origin).parent)
+    device = os.environ.get(ENV_DEVICE, "").strip() or ("cuda" if cuda_here else "cpu")
+    kind = device_kind(device)
+    if not valid_device_name(device):
+        return _unavailable(f"{ENV_DEVICE}={device!r} is not cpu, cuda or cuda:N")
+    if kind == "cuda" and not cuda_here:
+        return _unavailable(f"{ENV_DEVICE}={device!r} but no NVIDIA driver and CUDA build of "
+                            "torch were found")
+    dtype = os.environ.get(ENV_DTYPE, "").strip() or "f32"
+    if dtype not in COMPUTE_DTYPES[kind]:
+        return _unavailable(f"{ENV_DTYPE}={dtype!r} is not offered on {kind} "
+                            f"(choices: {COMPUTE_DTYPES[kind]})")
+    if kind == "cuda":
+        return Probe(available=True, reason=f"torch with CUDA; computes in {dtype} on {device}",
+                     capabilities=torch_capabilities(device, dtype), priority=CUDA_PRIORITY)
+    # On the CPU, f16/bf16 weights take activations of their own type in matrix-vector products
+    # (torch's fast half GEMV, as ggml does): "f16" for the f16 and quantized files S2 Pro ships
+    # as. The loaded backend reports the exact value for its file (f32 for an f32 file).
+    return Probe(available=True, reason="torch on the CPU (no CUDA device found)",
+                 capabilities=torch_capabilities("cpu", "f16", n_accelerated_layers=0),
+                 priority=CPU_PRIORITY)
+
+
+def _unavailable(reason: str) -> Probe:
+    return Probe(available=False, reason=reason, capabilities=torch_capabilities("cpu", "f16"),
+                 priority=CPU_PRIORITY)
+
+
+@hookimpl
+def s2core_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="torch", backend_class="s2core_torch.backend:TorchBackend",
+                        probe=probe, priority=CPU_PRIORITY,
+                        description="PyTorch on CUDA (f32/f16/bf16 compute) or the CPU; "
+                                    "F16/BF16 weights kept as stored")]

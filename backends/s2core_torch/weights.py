@@ -1,0 +1,107 @@
+"""Model tensors as torch tensors on the backend's device, one tensor at a time.
+
+F32, F16 and BF16 tensors keep their stored type. On the CPU they are the memory-mapped file
+itself (no copy: the page cache holds the weights once, shared with every process that maps the
+file). Quantized tensors are dequantized on load, a slab of rows at a time so that not even one
+whole tensor sits in float32 on the host, into `widened_dtype` (f16 on the CPU, the compute
+dtype on CUDA).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from s2core.gguf_file import ModelFile
+
+#: float32 elements decoded per slab of a quantized tensor (64 MB)
+_SLAB_ELEMENTS = 16 * 1024 * 1024
+
+
+class WeightLoader:
+    def __init__(self, model_file: ModelFile, device: torch.device, widened_dtype: torch.dtype):
+        self.model_file = model_file
+        self.device = device
+        self.widened_dtype = widened_dtype
+
+    def matrix(self, name: str) -> torch.Tensor:
+        """A 2-D weight [out, in]: as stored if F32/F16/BF16, else widened."""
+        info = self.model_file.info(name)
+        if info.type in (QT.F32, QT.F16, QT.BF16):
+            return self._stored(name, info.type).to(self.device)  # a no-op on the CPU
+        return self._dequantized(name, info.shape)
+
+    def vector(self, name: str) -> torch.Tensor:
+        """A 1-D weight (norm gains) as float32: norms are computed in float32."""
+        info = self.model_file.info(name)
+        if info.type in (QT.F32, QT.F16, QT.BF16):
+            return self._stored(name, info.type).to(self.device, torch.float32)
+        return torch.from_numpy(self.model_file.dequantize(name)).to(self.device)
+
+    def _stored(self, name: str, qtype: QT) -> torch.Tensor:
+        raw = self.model_file.raw(name)
+        with warnings.catch_warnings():
+            # The map is read-only and torch has no read-only tensors; the backend never writes
+            # to weights, so sharing the mapped pages is safe.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(raw)
+        return t.view(torch.bfloat16) if qtype == QT.BF16 else t  # BF16 raw is uint16 bits
+
+    def _dequantized(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        rows, cols = shape
+        out = torch.empty(shape, dtype=self.widened_dtype, device=self.device)
+        step = max(1, _SLAB_ELEMENTS // cols)
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            slab = self.model_file.dequantize_rows(name, np.arange(start, stop))
+            out[start:stop].copy_(torch.from_numpy(slab))  # rounds to the widened dtype
+        return out
+
+
+@dataclass
+class BlockWeights:
+    """One transformer block, PyTorch order [out, in]."""
+
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    wqkv: torch.Tensor
+    wo: torch.Tensor
+    w1: torch.Tensor
+    w3: torch.Tensor
+    w2: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+    @classmethod
+    def load(cls, load: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
+        def m(name: str) -> torch.Tensor:
+            return load.matrix(f"{prefix}.{name}.weight")
+
+        def v(name: str) -> torch.Tensor:
+            return load.vector(f"{prefix}.{name}.weight")
+        return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
+                   m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
+                   v("attention.q_norm") if qk_norm else None,
+                   v("attention.k_norm") if qk_norm else None)
+
+    def matrices(self) -> list[torch.Tensor]:
+        return [self.wqkv, self.wo, self.w1, self.w3, self.w2]
+
+
+@dataclass(frozen=True)
+class StackShape:
+    """What a block needs to know about its stack (the Slow-AR's or the Fast-AR's)."""
+
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    eps: float
+    rope_base: float
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5
