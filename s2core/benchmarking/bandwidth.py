@@ -1,0 +1,66 @@
+"""Memory bandwidth of this machine, measured the way a decode step uses memory: streaming.
+
+Two figures, each the best of several repetitions over arrays far larger than any cache:
+
+* copy: np.copyto of a float64 array into another, (bytes read + bytes written) / time. The
+  conventional figure, single-threaded.
+* read: bytes / time of BLAS kernels that only read, using every BLAS thread: float32
+  matrix @ vector (gemv, the kernel of a decode step, over rows of S2 Pro's width 2560) and
+  float64 x @ x (dot). A step only reads its weights, and on some machines (this project's
+  Zen 4 VMs) reading streams faster than copying, so a step can beat the copy floor; the
+  read floor is the one it cannot beat.
+
+A run measures both at the start, before every backend and at the end: on shared hosts the
+bandwidth a VM gets varies over minutes, and the samples show by how much.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+MiB = 1 << 20
+GEMV_WIDTH = 2560  # S2 Pro's dim: the rows a decode step's matrix products stream
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    copy_gbps: float       # (read + written bytes) / best time, 1e9 bytes per second
+    read_gbps: float       # the better of the two read-only kernels below
+    gemv_f32_gbps: float   # matrix bytes / best time of float32 matrix @ vector
+    dot_f64_gbps: float    # vector bytes / best time of float64 x @ x
+    bytes_each: int        # size of each array
+    reps: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _best_s(fn: Callable[[], object], reps: int) -> float:
+    fn()  # first call: page faults and thread start-up are not timed
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_bandwidth(size_mb: int = 512, reps: int = 5) -> Bandwidth:
+    """Best-of-`reps` copy and read bandwidth over `size_mb` MiB arrays (2x that in RAM)."""
+    n = size_mb * MiB // 8
+    src = np.ones(n, dtype=np.float64)
+    dst = np.zeros(n, dtype=np.float64)
+    copy = 2 * src.nbytes / _best_s(lambda: np.copyto(dst, src), reps) / 1e9
+    del dst
+
+    dot = src.nbytes / _best_s(lambda: src @ src, reps) / 1e9
+    flat = src.view(np.float32)  # the same bytes seen as a float32 matrix
+    matrix = flat[: flat.size // GEMV_WIDTH * GEMV_WIDTH].reshape(-1, GEMV_WIDTH)
+    vec = np.ones(GEMV_WIDTH, dtype=np.float32)
+    gemv = matrix.nbytes / _best_s(lambda: matrix @ vec, reps) / 1e9
+    return Bandwidth(copy_gbps=copy, read_gbps=max(gemv, dot), gemv_f32_gbps=gemv,
+                     dot_f64_gbps=dot, bytes_each=int(src.nbytes), reps=reps)

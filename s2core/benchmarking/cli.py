@@ -1,0 +1,120 @@
+"""`s2core bench [options]`: run the benchmark, print the tables, write JSON, PNG and markdown."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+
+from .config import DEFAULT_OUT, DEFAULT_TYPES, BenchConfig
+
+# The measuring libraries are the `bench` extra; say so instead of failing on an import.
+REQUIRED = ("matplotlib", "psutil", "threadpoolctl")
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="s2core bench",
+        description="Measure every available backend on S2 Pro-shaped models: load, memory, "
+                    "prefill, decode step (against the memory-bandwidth floor) and Fast-AR.")
+    p.add_argument("--layers", type=int,
+                   help="Slow-AR layers of the model (default 4; 1 with --quick)")
+    p.add_argument("--types", type=_csv,
+                   help=f"weight types, comma-separated (default {','.join(DEFAULT_TYPES)})")
+    p.add_argument("--backends", type=_csv,
+                   help="backends to measure, comma-separated (default: every available one)")
+    p.add_argument("--context", type=int, help="KV cache positions before the decode steps (256)")
+    p.add_argument("--steps", type=int, help="timed decode steps after 3 warm-up steps (20)")
+    p.add_argument("--prefill-tokens", type=int, help="tokens per timed prefill (256)")
+    p.add_argument("--phase-budget", type=float, dest="phase_budget_s",
+                   help="seconds a phase may spend repeating before it stops (120)")
+    p.add_argument("--threads", type=int,
+                   help="set OMP/BLAS/torch thread counts (default: the libraries' own)")
+    p.add_argument("--seed", type=int, help="seed of the weights and prompts (0)")
+    p.add_argument("--model-dir", type=Path,
+                   help="model cache (default ~/.cache/s2core or $S2CORE_CACHE)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny run (1-layer test-sized model, few repetitions) for tests")
+    p.add_argument("--render", type=Path, metavar="JSON",
+                   help="measure nothing: print the tables of an earlier run's JSON and rewrite "
+                        "its PNG and markdown next to it")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    fields = dict(layers=args.layers, types=args.types, backends=args.backends,
+                  context=args.context, steps=args.steps, prefill_tokens=args.prefill_tokens,
+                  phase_budget_s=args.phase_budget_s, threads=args.threads, seed=args.seed,
+                  model_dir=args.model_dir, out_dir=args.out)
+    if args.quick:
+        return BenchConfig.quick_run(**fields)
+    return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
+
+
+def output_stem(report: dict) -> str:
+    """bench-YYYYMMDD-HHMM-<machine tag>[-quick]: sorts by date, says where it ran."""
+    created = dt.datetime.fromisoformat(report["created"])
+    quick = "-quick" if report["config"]["quick"] else ""
+    return f"bench-{created:%Y%m%d-%H%M}-{report['machine_tag']}{quick}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    missing = [m for m in REQUIRED if not _importable(m)]
+    if missing:
+        print(f"s2core bench needs {', '.join(missing)}: pip install 's2core[bench]'", file=sys.stderr)
+        return 2
+    if args.render:
+        return render(args.render)
+    cfg = config_from_args(args)
+    if cfg.steps < 1 or cfg.context < 1 or cfg.prefill_tokens < 1 or cfg.layers < 1:
+        print("--steps, --context, --prefill-tokens and --layers must be positive", file=sys.stderr)
+        return 2
+
+    from .runner import run_benchmark
+
+    report = run_benchmark(cfg)
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    return write_outputs(report, cfg.out_dir / output_stem(report))
+
+
+def write_outputs(report: dict, stem: Path) -> int:
+    """JSON, PNG and markdown at `stem`.*, the tables on stdout; 1 if any measurement failed."""
+    from .chart import write_chart
+    from .report import markdown_text, terminal_text, write_json
+
+    paths = {k: stem.with_name(f"{stem.name}.{k}") for k in ("json", "png", "md")}
+    report["outputs"] = {k: str(p) for k, p in paths.items()}
+    chart_ok = any(r["status"] == "ok" for r in report["results"])
+    if chart_ok:
+        write_chart(report, paths["png"])
+    write_json(report, paths["json"])
+    paths["md"].write_text(markdown_text(report, paths["png"].name if chart_ok else None))
+    print(terminal_text(report))
+    print("\nwrote " + ", ".join(str(p) for k, p in paths.items() if k != "png" or chart_ok))
+    failed = [r for r in report["results"] if r["status"] != "ok"]
+    return 1 if failed or not report["results"] else 0
+
+
+def render(json_path: Path) -> int:
+    """Rewrite the tables, chart and summary of an earlier run (after changing how they look)."""
+    import json
+
+    report = json.loads(json_path.read_text())
+    return write_outputs(report, json_path.with_suffix(""))
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(module) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

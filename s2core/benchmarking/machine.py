@@ -1,0 +1,123 @@
+"""The machine and software a run measured: stored with every result so it can be reproduced.
+
+Nothing here imports a backend framework: versions come from package metadata. The BLAS and
+thread counts of a backend's own libraries are recorded by its child process (`measure`),
+because only that process loads them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+from typing import Any
+
+PACKAGES = ("s2core", "numpy", "torch", "mlx", "gguf", "matplotlib", "psutil", "threadpoolctl")
+#: environment variables that change how BLAS / OpenMP libraries pick kernels and threads
+THREAD_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "S2CORE_BACKEND")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                  text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """threadpoolctl's view of the BLAS / OpenMP libraries loaded in this process."""
+    try:
+        import numpy  # noqa: F401  (loads numpy's BLAS so threadpoolctl can see it)
+        from threadpoolctl import threadpool_info
+    except ImportError as exc:
+        return [{"error": f"threadpoolctl unavailable: {exc}"}]
+    keep = ("user_api", "internal_api", "prefix", "version", "architecture", "num_threads",
+            "threading_layer")
+    return [{k: lib.get(k) for k in keep if k in lib} for lib in threadpool_info()]
+
+
+def describe() -> dict[str, Any]:
+    import psutil
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_cores_logical": os.cpu_count(),
+        "cpu_cores_physical": psutil.cpu_count(logical=False),
+        "cpus_usable": usable,
+        "ram_bytes": psutil.virtual_memory().total,
+        "ram_available_bytes": psutil.virtual_memory().available,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
+        "versions": versions(),
+        "blas": blas_info(),
+    }
+
+
+def machine_tag(info: dict[str, Any]) -> str:
+    """A short file-name tag: 'amd-epyc-2c-24gb'."""
+    words = re.sub(r"\(.*?\)|CPU|Processor|@.*|\d+-Core", " ", info["cpu_model"]).split()
+    model = "-".join(w.lower() for w in words[:3]) or info["machine"]
+    model = re.sub(r"[^a-z0-9-]+", "", model)
+    gb = round(info["ram_bytes"] / 2**30)
+    return f"{model}-{info['cpus_usable']}c-{gb}gb"
+
+
+def summary_lines(info: dict[str, Any]) -> list[str]:
+    """Human-readable lines for the terminal and the markdown summary."""
+    v = info["versions"]
+    lines = [
+        f"CPU: {info['cpu_model']}, {info['cpus_usable']} usable cores "
+        f"({info['cpu_cores_physical']} physical), RAM {info['ram_bytes'] / 2**30:.1f} GiB "
+        f"({info['ram_available_bytes'] / 2**30:.1f} GiB available at start)",
+        f"OS: {info['platform']}",
+        "versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+    ]
+    for lib in info["blas"]:
+        if "error" in lib:
+            lines.append(f"BLAS: {lib['error']}")
+        else:
+            arch = f" ({lib['architecture']} kernels)" if lib.get("architecture") else ""
+            lines.append(f"{lib.get('user_api')} library in the parent (NumPy's): "
+                         f"{lib.get('internal_api')} {lib.get('version') or ''}{arch}, "
+                         f"{lib.get('num_threads')} threads")
+    env = info["env"]
+    if "OPENBLAS_CORETYPE" in env:
+        lines.append(f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']} is set: OpenBLAS uses that "
+                     "kernel family instead of detecting the CPU")
+    else:
+        lines.append("OPENBLAS_CORETYPE is not set (this environment may set it; OpenBLAS then "
+                     "uses that kernel family instead of detecting the CPU)")
+    others = {k: val for k, val in env.items() if k != "OPENBLAS_CORETYPE"}
+    if others:
+        lines.append("thread environment: " + ", ".join(f"{k}={val}" for k, val in others.items()))
+    if info["load_average"] is not None:
+        lines.append("load average at start (1/5/15 min): "
+                     + " / ".join(f"{x:.2f}" for x in info["load_average"]))
+    return lines

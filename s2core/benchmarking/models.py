@@ -1,0 +1,64 @@
+"""The benchmark's model files: written once into the model cache, then found there.
+
+Writing an S2 Pro-shaped file takes minutes (random weights are generated and encoded tensor by
+tensor), so it goes through `s2core.testing.cached_model` and shows progress. Before the
+backends are measured the file is read once so every backend's load finds it in the OS page
+cache: load times then compare the backends, not the disk.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..gguf_file import ModelFile
+from ..hparams import Hparams
+from ..testing.model_cache import cache_dir, cached_model
+from .workload import ModelAccount, account
+
+READ_CHUNK = 64 << 20
+
+
+class WriteProgress:
+    """progress(done, total) for the writer: a live line on a terminal, a few lines in a log."""
+
+    def __init__(self, label: str, stream=sys.stderr):
+        self.label, self.stream = label, stream
+        self.start = time.perf_counter()
+        self.last_quarter = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        line = f"  writing {self.label}: {done}/{total} tensors, {elapsed:.0f} s"
+        if self.stream.isatty():
+            self.stream.write("\r" + line + ("\n" if done == total else ""))
+        elif done * 4 // total > self.last_quarter:  # a log gets a line per quarter
+            self.last_quarter = done * 4 // total
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def prepare_model(hp: Hparams, weight_type: str, seed: int, prefill_tokens: int,
+                  directory: Path | None = None) -> ModelAccount:
+    """Write the model if the cache lacks it, warm the page cache, return its byte counts."""
+    target = directory or cache_dir()
+    label = f"{weight_type} model ({hp.n_layer} layers) into {target}"
+    path = cached_model(hp, weight_type, seed=seed, stem="model", directory=directory,
+                        progress=WriteProgress(label))
+    warm_page_cache(path)
+    mf = ModelFile(path)
+    try:
+        return account(mf, weight_type, prefill_tokens)
+    finally:
+        mf.close()
+
+
+def warm_page_cache(path: Path) -> float:
+    """Read the whole file once (seconds taken); later loads then read from memory."""
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(READ_CHUNK)
+        while f.readinto(buf):
+            pass
+    return time.perf_counter() - t0

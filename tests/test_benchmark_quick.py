@@ -1,0 +1,118 @@
+"""The benchmark's --quick mode end to end on the NumPy backend: files written, fields sane.
+
+Nothing here compares a time with a threshold: a slow or busy machine must still pass.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+for _module in ("matplotlib", "psutil", "threadpoolctl"):
+    pytest.importorskip(_module, reason=f"{_module} is needed by the benchmark (s2core[bench] extra)")
+
+from s2core.benchmarking.cli import main  # noqa: E402
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    models = tmp_path_factory.mktemp("bench-models")
+    rc = main(["--quick", "--backends", "numpy", "--out", str(out), "--model-dir", str(models)])
+    jsons = list(out.glob("*.json"))
+    assert len(jsons) == 1, f"expected one JSON in {out}: {list(out.iterdir())}"
+    return rc, out, json.loads(jsons[0].read_text())
+
+
+def test_quick_run_succeeds_and_writes_all_outputs(quick_run):
+    rc, out, report = quick_run
+    assert rc == 0
+    stems = {p.suffix: p for p in out.iterdir()}
+    assert set(stems) == {".json", ".png", ".md"}
+    assert stems[".png"].read_bytes()[:8] == PNG_SIGNATURE
+    assert stems[".png"].stat().st_size > 10_000  # a drawn chart, not an empty canvas
+    assert "Decode step" in stems[".md"].read_text()
+
+
+def test_report_describes_machine_and_software(quick_run):
+    _, _, report = quick_run
+    m = report["machine"]
+    assert m["cpu_model"] and m["cpus_usable"] >= 1 and m["ram_bytes"] > 0
+    assert m["versions"]["numpy"] and m["versions"]["gguf"]
+    assert isinstance(m["blas"], list)
+    assert report["config"]["quick"] is True and report["config"]["seed"] == 0
+    assert report["machine_tag"]
+
+
+def test_bandwidth_and_floors_are_positive(quick_run):
+    _, _, report = quick_run
+    bw = report["bandwidth"]
+    assert bw["copy_gbps"] > 0 and bw["read_gbps"] > 0
+    # sampled at the start, before each backend run and at the end
+    assert [b["when"] for b in bw["samples"]][::len(bw["samples"]) - 1] == ["start", "end"]
+    assert len(bw["samples"]) == 2 + len(report["results"])
+    assert all(b["gemv_f32_gbps"] > 0 and b["dot_f64_gbps"] > 0 for b in bw["samples"])
+    assert set(report["models"]) == {"f32", "f16", "q8_0"}
+    for m in report["models"].values():
+        assert 0 < m["step_read_bytes"] < m["weight_bytes"] <= m["file_bytes"]
+        for key in ("step_floor_ms", "step_read_floor_ms", "fast_floor_ms", "fast_read_floor_ms",
+                    "prefill_flops"):
+            assert m[key] > 0, key
+    # f32 streams the most bytes, q8_0 the fewest: the floors follow the weight type
+    floors = {t: m["step_floor_ms"] for t, m in report["models"].items()}
+    assert floors["f32"] > floors["f16"] > floors["q8_0"]
+
+
+def test_every_result_has_sane_timings_and_ratios(quick_run):
+    _, _, report = quick_run
+    cfg = report["config"]
+    results = report["results"]
+    assert [(r["backend"], r["weight_type"]) for r in results] == \
+        [("numpy", t) for t in ("f32", "f16", "q8_0")]
+    for r in results:
+        assert r["status"] == "ok", r.get("traceback") or r.get("error")
+        assert r["load_s"] > 0
+        dec = r["decode"]
+        assert dec["n"] >= min(cfg["min_reps"], cfg["steps"]) and len(dec["times_ms"]) == dec["n"]
+        assert 0 < dec["min_ms"] <= dec["median_ms"] <= dec["max_ms"] and dec["iqr_ms"] >= 0
+        assert r["context"] == cfg["context"]
+        assert r["prefill"]["median_ms"] > 0 and r["prefill"]["n_tokens"] == cfg["prefill_tokens"]
+        assert r["fast"]["median_ms"] > 0 and r["fast"]["calls_per_frame"] == 9
+        d = r["derived"]
+        for key in ("step_floor_ms", "step_ratio_to_floor", "step_read_floor_ms",
+                    "step_ratio_to_read_floor", "step_ratio_to_resident_floor",
+                    "step_ratio_to_best", "step_effective_gbps", "prefill_tokens_per_s",
+                    "prefill_gflops", "fast_ratio_to_floor", "fast_ratio_to_read_floor",
+                    "kv_cache_bytes", "child_read_gbps", "step_ratio_to_child_read_floor"):
+            assert d[key] > 0, key
+        assert d["step_ratio_to_best"] == pytest.approx(1.0)  # the only backend is the best
+        mem = r["memory"]
+        assert mem["after_load"]["rss"] > 0 and mem["end"]["peak"] >= mem["end"]["rss"] > 0
+        assert r["runtime"]["threadpools"] is not None
+        assert dec["others_cpu_share"] is None or 0 <= dec["others_cpu_share"] <= 1
+        assert dec["cpu_per_wall"] > 0
+        assert r["bandwidth_before"]["copy_gbps"] > 0
+
+
+def test_widening_is_accounted(quick_run):
+    """NumPy widens f16 and q8_0 to float32: it streams more bytes than the file holds."""
+    _, _, report = quick_run
+    by_type = {r["weight_type"]: r for r in report["results"]}
+    f32_bytes = by_type["f32"]["derived"]["resident_step_bytes"]
+    assert f32_bytes == report["models"]["f32"]["step_read_bytes"]
+    for t in ("f16", "q8_0"):
+        assert by_type[t]["derived"]["resident_step_bytes"] == f32_bytes
+        assert by_type[t]["derived"]["resident_step_bytes"] > report["models"][t]["step_read_bytes"]
+
+
+def test_render_rewrites_chart_and_summary_from_json(quick_run, tmp_path, capsys):
+    _, out, report = quick_run
+    copy = tmp_path / "earlier.json"
+    copy.write_text(json.dumps(report))
+    assert main(["--render", str(copy)]) == 0
+    assert (tmp_path / "earlier.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert "Decode step" in (tmp_path / "earlier.md").read_text()
+    assert "Decode step" in capsys.readouterr().out
