@@ -23,7 +23,8 @@ from .gguf_file import ModelFile
 from .hparams import FastHparams, Hparams
 from .inputs import EvalBatch
 from .model import Result, SlowARModel
-from .registry import BackendInfo, get_registry
+from .registry import ENV_BACKEND, BackendInfo, get_registry
+from .selection import choose_backend
 
 __version__ = "0.1.0"
 
@@ -49,12 +50,16 @@ def default_backend() -> str:
 
 
 def load(path: str | os.PathLike, backend: str | None = None, **options: Any) -> SlowARModel:
-    """Open a GGUF model file on a backend (None = auto) and return the model object.
+    """Open a GGUF model file on a backend and return the model object.
 
-    `options` go to the backend (for example device="cuda:0", kv_cache_dtype="f32").
+    backend=None: $S2CORE_BACKEND if set, else the best backend for this file
+    (`s2core.selection`). `options` go to the backend (for example device="cuda:0",
+    kv_cache_dtype="f32").
     """
     registry = get_registry()
-    name = backend or registry.default()
-    backend_cls = registry.backend_class(name)
     model_file = ModelFile(path)
+    if backend is None:
+        backend = (registry.default() if os.environ.get(ENV_BACKEND, "").strip()
+                   else choose_backend(registry.list(), model_file))
+    backend_cls = registry.backend_class(backend)
     return SlowARModel(model_file, backend_cls(model_file, **options))

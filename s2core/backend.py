@@ -33,8 +33,11 @@ class Capabilities:
     n_accelerated_layers: int | None = 0
     #: s2.cpp's guard for quantized embedding lookups on CUDA: prefill semantics one at a time
     requires_single_token_semantic_prefill: bool = False
-    #: storage type of the KV cache: "f16" (s2.cpp's), "bf16" or "f32"
+    #: type of the cached values: "f16" (s2.cpp's), "bf16" or "f32"
     kv_cache_dtype: str = "f16"
+    #: type the cache is held in, when wider than its values (a backend may keep f16-rounded
+    #: values in float32 to skip a conversion per step); None = kv_cache_dtype
+    kv_cache_storage_dtype: str | None = None
     #: every cache type this backend offers (the kv_cache_dtype= option)
     supported_kv_cache_dtypes: tuple[str, ...] = ("f16", "f32")
     #: precision of the activations fed to matrix products ("f32", "f16", "bf16")
@@ -45,8 +48,14 @@ class Capabilities:
     widened_weight_dtype: str = "f32"
 
     def __post_init__(self):
-        if self.kv_cache_dtype not in CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} not in {CACHE_DTYPES}")
+        for value in (self.kv_cache_dtype, self.kv_cache_storage_dtype or self.kv_cache_dtype):
+            if value not in CACHE_DTYPES:
+                raise ValueError(f"KV cache type {value!r} not in {CACHE_DTYPES}")
+
+    @property
+    def kv_cache_held_dtype(self) -> str:
+        """The type that sizes the cache in memory."""
+        return self.kv_cache_storage_dtype or self.kv_cache_dtype
 
     def resolved(self, n_layer: int) -> "Capabilities":
         """The same with n_accelerated_layers made concrete for a model of n_layer layers."""
@@ -60,6 +69,7 @@ class Capabilities:
     def describe(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["native_weight_types"] = sorted(self.native_weight_types)
+        d["kv_cache_storage_dtype"] = self.kv_cache_held_dtype
         return d
 
 
@@ -111,6 +121,24 @@ class Backend(ABC):
         """Fast-AR logits (codebook_size,) for the next code after `prefix_codes` (SPEC 5).
 
         `hidden` is a float32 numpy array (dim,) or this backend's native array."""
+
+    # Optional: incremental Fast-AR. A frame asks for codes 1..C-1 with prefixes that grow by
+    # one code per call; s2.cpp recomputes every position each time. A backend that implements
+    # these two keeps the Fast-AR's K/V between such calls, and the core uses them whenever a
+    # call extends the previous one (same hidden, longer prefix). Results equal fast_decode's.
+    def fast_begin(self, hidden: Any) -> tuple[Any, Any]:
+        """Start a sequence at position 0 = [project_in(hidden) or hidden].
+        Returns (state, logits after position 0)."""
+        raise NotImplementedError
+
+    def fast_extend(self, state: Any, codes: np.ndarray) -> tuple[Any, Any]:
+        """Append `codes` (one or more) after the positions in `state`.
+        Returns (state, logits after the last of them); `state` may be updated in place."""
+        raise NotImplementedError
+
+    @property
+    def incremental_fast_decode(self) -> bool:
+        return type(self).fast_begin is not Backend.fast_begin
 
     # ---------------------------------------------------------------- host hand-off
     def to_numpy(self, x: Any) -> np.ndarray:

@@ -11,7 +11,8 @@ import s2core
 
 from .errors import S2CoreError
 from .gguf_file import ModelFile
-from .memory import kv_cache_bytes, resident_weight_bytes
+from .memory import backend_kv_cache_bytes, kv_cache_bytes, resident_weight_bytes
+from .selection import choose_backend
 
 
 def _gb(n: float) -> str:
@@ -35,8 +36,11 @@ def cmd_backends(args: argparse.Namespace) -> int:
         print(f"    from {r.source}")
         c = r.capabilities
         if c is not None:
+            held = (f", held as {c.kv_cache_held_dtype}" if c.kv_cache_held_dtype != c.kv_cache_dtype
+                    else "")
             print(f"    device {c.device}, accelerator {c.accelerator}, compute {c.compute_dtype}, "
-                  f"KV cache {c.kv_cache_dtype} (offers {', '.join(c.supported_kv_cache_dtypes)})")
+                  f"KV cache {c.kv_cache_dtype}{held} (offers "
+                  f"{', '.join(c.supported_kv_cache_dtypes)})")
             print(f"    keeps as stored: {', '.join(sorted(c.native_weight_types))}; widens other "
                   f"types to {c.widened_weight_dtype}"
                   + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
@@ -70,8 +74,11 @@ def cmd_info(args: argparse.Namespace) -> int:
           f"{len(mf.extra_tensor_names)}")
     print(f"KV cache at {args.ctx} positions: " + ", ".join(
         f"{d} {_gb(kv_cache_bytes(hp, args.ctx, d))}" for d in ("f16", "bf16", "f32")))
-    print("memory on each backend (weights as held after load + f16 KV cache):")
-    for r in s2core.list_backends():
+    rows = s2core.list_backends()
+    chosen = choose_backend(rows, mf)
+    print(f"memory on each backend (weights as held after load + KV cache); "
+          f"load() would pick {chosen}:")
+    for r in rows:
         if r.capabilities is None:
             continue
         weights = resident_weight_bytes(mf, r.capabilities)
@@ -79,7 +86,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         note = f" (widens to {r.capabilities.widened_weight_dtype})" if widened else ""
         state = "" if r.available else " [unavailable here]"
         print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
-              f"{_gb(kv_cache_bytes(hp, args.ctx, r.capabilities.kv_cache_dtype))}{state}")
+              f"{_gb(backend_kv_cache_bytes(hp, args.ctx, r.capabilities))}{state}")
     return 0
 
 

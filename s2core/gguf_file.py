@@ -6,6 +6,7 @@ tensor, and dequantization happens one tensor at a time (never the whole model i
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -137,11 +138,32 @@ class ModelFile:
             return t.data.view(np.uint16)
         return t.data
 
-    def dequantize(self, name: str, dtype: Any = np.float32) -> np.ndarray:
-        """The tensor as a new (or memory-mapped, for F32) array of `dtype`, PyTorch order."""
+    def dequantize(self, name: str, dtype: Any = np.float32, release: bool = False) -> np.ndarray:
+        """The tensor as a new (or memory-mapped, for F32) array of `dtype`, PyTorch order.
+
+        `release=True`: once copied, drop the tensor's file pages from this process (see
+        `release`), for a backend that keeps only its own copy."""
         t = self._tensors[name]
-        out = gguf.quants.dequantize(t.data, t.tensor_type)
-        return np.asarray(out, dtype=dtype)
+        out = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=dtype)
+        if release and not np.shares_memory(out, t.data):
+            self.release(name)
+        return out
+
+    def release(self, name: str) -> None:
+        """Unmap a tensor's pages from this process after a backend has copied it.
+
+        The pages stay in the OS page cache, so nothing is re-read from disk, but the process
+        no longer holds the file's copy beside its own (a widened f16 file would otherwise
+        count twice in resident memory). Touching the tensor again maps the pages back."""
+        mm = getattr(self._reader.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise"):
+            return  # not a memory map here, or no madvise on this platform
+        t = self._tensors[name]
+        page = mmap.PAGESIZE
+        start = -(-t.data_offset // page) * page  # whole pages inside the tensor only
+        end = (t.data_offset + t.n_bytes) // page * page
+        if end > start:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def dequantize_rows(self, name: str, rows: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
         """Rows `rows` of a 2-D tensor, dequantized. Every GGUF row is whole blocks, so a

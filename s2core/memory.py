@@ -19,6 +19,11 @@ def kv_cache_bytes(hp: Hparams, n_positions: int, dtype: str = "f16") -> int:
     return 2 * hp.n_layer * n_positions * hp.n_head_kv * hp.head_dim * DTYPE_BYTES[dtype]
 
 
+def backend_kv_cache_bytes(hp: Hparams, n_positions: int, caps: Capabilities) -> int:
+    """The cache as a backend holds it (its storage type may be wider than its values)."""
+    return kv_cache_bytes(hp, n_positions, caps.kv_cache_held_dtype)
+
+
 def resident_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
     """Weight bytes held after load: file bytes for native types, widened bytes for others."""
     total = 0

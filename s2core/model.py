@@ -54,6 +54,27 @@ class Result:
         return f"Result(n_tokens={self.n_tokens}, backend={self._backend.name!r})"
 
 
+class _FastSession:
+    """The Fast-AR sequence the last fast_decode call left: its hidden, codes and the
+    backend's state (K/V of those positions), so the next call of the frame only appends."""
+
+    def __init__(self, hidden: Any, state: Any):
+        # numpy input is copied (the caller may reuse its array); native arrays are immutable
+        # results of this backend, compared by identity
+        self.hidden = hidden.copy() if isinstance(hidden, np.ndarray) else hidden
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.state = state
+
+    def continues(self, hidden: Any, codes: np.ndarray) -> bool:
+        """`codes` strictly extends this sequence's codes, for the same hidden."""
+        n = len(self.codes)
+        if len(codes) <= n or not np.array_equal(codes[:n], self.codes):
+            return False
+        if isinstance(self.hidden, np.ndarray):
+            return isinstance(hidden, np.ndarray) and np.array_equal(hidden, self.hidden)
+        return hidden is self.hidden
+
+
 class SlowARModel:
     """A loaded S2 Pro Slow-AR (+ Fast-AR) on one backend. Create it with `s2core.load()`."""
 
@@ -63,6 +84,7 @@ class SlowARModel:
         self.hparams: Hparams = model_file.hparams
         self._n_past = 0
         self._max_seq_len: int | None = None
+        self._fast: _FastSession | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -153,7 +175,24 @@ class SlowARModel:
         codes = inputs.prefix_codes(prefix_codes, self.hparams)
         if isinstance(hidden, (list, tuple, np.ndarray)):
             hidden = np.ascontiguousarray(hidden, dtype=np.float32)
-        return self.backend.fast_decode(hidden, codes)
+        if not self.backend.incremental_fast_decode:
+            return self.backend.fast_decode(hidden, codes)
+        return self._fast_decode_incremental(hidden, codes)
+
+    def _fast_decode_incremental(self, hidden: Any, codes: np.ndarray) -> Any:
+        """Append only the new codes when this call extends the previous one (the calls of
+        one frame); otherwise start over from the hidden state. Same numbers either way."""
+        session, self._fast = self._fast, None  # stays dropped if the backend raises midway
+        if session is None or not session.continues(hidden, codes):
+            state, logits = self.backend.fast_begin(hidden)
+            session = _FastSession(hidden, state)
+            if len(codes) == 0:
+                self._fast = session
+                return logits
+        session.state, logits = self.backend.fast_extend(session.state, codes[len(session.codes):])
+        session.codes = codes
+        self._fast = session
+        return logits
 
     # ------------------------------------------------------------------ internals
     def _require_cache(self) -> int:
@@ -183,6 +222,7 @@ class SlowARModel:
 
     # ------------------------------------------------------------------ life cycle
     def close(self) -> None:
+        self._fast = None
         self.backend.close()
         self._max_seq_len = None
         self._n_past = 0

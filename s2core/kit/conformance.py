@@ -185,6 +185,25 @@ class BackendConformance:
             assert_close(out, ref.fast_decode(hidden, codes[:n]), fast_tolerance(m.capabilities),
                          f"fast logits, prefix length {n}")
 
+    def test_fast_decode_in_any_call_order(self, open_model):
+        """Calls that extend, branch, repeat, shrink or switch hidden all give the reference's
+        numbers (backends may keep the Fast-AR's K/V between calls of one frame)."""
+        m = open_model("gqa2-noqk", "f32")
+        ref = kit_reference("gqa2-noqk", "f32")
+        rng = np.random.default_rng(4)
+        h1, h2 = (rng.standard_normal(m.hparams.dim).astype(np.float32) for _ in range(2))
+        calls = [(h1, []), (h1, [3]), (h1, [3, 5]), (h1, [3, 5, 7, 1]), (h1, [3, 6]),
+                 (h1, [3, 6]), (h2, [3, 6, 2]), (h1, [3]), (h2, [3, 6, 2, 9]), (h2, [])]
+        for i, (h, codes) in enumerate(calls):
+            out = m.fast_decode(h, codes)
+            assert_close(out, ref.fast_decode(h, codes), fast_tolerance(m.capabilities),
+                         f"call {i}: prefix {codes}")
+        h3 = h1.copy()
+        m.fast_decode(h3, [1, 2])
+        h3 += 1.0  # the caller reuses its array: the next call must see the new values
+        assert_close(m.fast_decode(h3, [1, 2, 3]), ref.fast_decode(h3, [1, 2, 3]),
+                     fast_tolerance(m.capabilities), "hidden changed in place")
+
     def test_kv_cache_dtypes(self, open_model, backend):
         """Every cache type the backend offers meets its own bound."""
         prompt, frames = prompt_and_frames("gqa4")

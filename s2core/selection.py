@@ -1,0 +1,29 @@
+"""Which backend `load()` picks for a model file when none is named.
+
+Priority ranks backends (accelerators far above CPU ones). Backends whose priority is within
+PEER_BAND of the best available are peers, and among peers the one that holds the file in
+the fewest bytes wins: a decode step reads every weight once, so it runs at memory speed and
+its time follows the bytes held (benchmarks/results: on one CPU, torch's f16 step beats
+NumPy's widened f32 one, while NumPy's native q8_0 beats torch's f16 copy of a q8_0 file).
+It reads capabilities and the file only, never a backend's name.
+"""
+
+from __future__ import annotations
+
+from .errors import BackendUnavailableError
+from .gguf_file import ModelFile
+from .memory import resident_weight_bytes
+from .registry import BackendInfo
+
+PEER_BAND = 50
+
+
+def choose_backend(rows: list[BackendInfo], model_file: ModelFile) -> str:
+    available = [r for r in rows if r.available and r.capabilities is not None]
+    if not available:
+        reasons = "; ".join(f"{r.name}: {r.reason}" for r in rows) or "none registered"
+        raise BackendUnavailableError(f"no backend is available ({reasons})")
+    best = max(r.priority for r in available)
+    peers = [r for r in available if r.priority >= best - PEER_BAND]
+    return min(peers, key=lambda r: (resident_weight_bytes(model_file, r.capabilities),
+                                     -r.priority, r.name)).name

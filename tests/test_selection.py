@@ -1,0 +1,75 @@
+"""load()'s choice of backend for a file, and the release of copied file pages."""
+
+from __future__ import annotations
+
+import numpy as np
+import psutil
+import pytest
+
+import s2core
+from s2core.backend import Capabilities
+from s2core.gguf_file import ModelFile
+from s2core.registry import BackendInfo
+from s2core.selection import choose_backend
+from s2core.testing.writer import tiny_hparams, write_model
+
+
+def row(name, priority, native, widened="f32", available=True, accelerator=False):
+    caps = Capabilities(accelerator=accelerator, native_weight_types=frozenset(native),
+                        widened_weight_dtype=widened)
+    return BackendInfo(name, priority, available, "", caps, "test")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sel")
+    return {t: ModelFile(write_model(d / f"{t}.gguf", tiny_hparams(), t).path)
+            for t in ("f32", "f16", "q8_0", "q4_0")}
+
+
+CPU_ROWS = [row("np", 100, {"f32", "q8_0"}), row("half", 90, {"f32", "f16"}, widened="f16"),
+            row("slowcpu", 10, {"f32", "f16", "q8_0", "q4_0"}), row("ex", 0, {"f32"})]
+
+
+@pytest.mark.parametrize("weight_type,expected", [
+    ("f32", "np"),     # both keep f32: priority decides
+    ("f16", "half"),   # kept as stored beats widened to f32
+    ("q8_0", "np"),    # native q8_0 beats an f16 copy
+    ("q4_0", "half"),  # nobody keeps it (within the band): the f16 copy is smaller
+])
+def test_peers_are_ranked_by_bytes_held(files, weight_type, expected):
+    assert choose_backend(CPU_ROWS, files[weight_type]) == expected
+
+
+def test_accelerator_far_above_wins_regardless_of_bytes(files):
+    rows = CPU_ROWS + [row("gpu", 300, {"f32"}, widened="f32", accelerator=True)]
+    assert choose_backend(rows, files["q4_0"]) == "gpu"
+    rows = CPU_ROWS + [row("gpu", 300, {"f32"}, available=False)]
+    assert choose_backend(rows, files["q4_0"]) == "half"
+
+
+def test_nothing_available_names_the_reasons(files):
+    with pytest.raises(s2core.BackendUnavailableError, match="no backend is available"):
+        choose_backend([row("np", 100, {"f32"}, available=False)], files["f32"])
+
+
+def test_load_uses_the_choice_unless_env_names_one(files, monkeypatch):
+    monkeypatch.delenv("S2CORE_BACKEND", raising=False)
+    rows = s2core.list_backends()
+    expected = choose_backend(rows, files["f16"])
+    assert s2core.load(files["f16"].path).backend.name == expected
+    monkeypatch.setenv("S2CORE_BACKEND", "numpy")
+    assert s2core.load(files["f16"].path).backend.name == "numpy"
+
+
+def test_release_drops_copied_pages_but_keeps_the_data(tmp_path):
+    hp = tiny_hparams(vocab_size=40000)  # a 5 MB f16 table, many pages
+    mf = ModelFile(write_model(tmp_path / "big.gguf", hp, "f16").path)
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    first = mf.dequantize("embeddings.weight")
+    mapped = proc.memory_info().rss
+    mf.release("embeddings.weight")
+    after = proc.memory_info().rss
+    assert mapped - after > 0.8 * mf.info("embeddings.weight").n_bytes, (before, mapped, after)
+    np.testing.assert_array_equal(mf.dequantize("embeddings.weight"), first)
