@@ -1,13 +1,15 @@
 """The MLX backend: the Apple GPU through Metal, or MLX's CPU build elsewhere.
 
 Compute is float32. Weights stay in their GGUF type where MLX can use it (F32/F16/BF16 arrays;
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K in MLX's affine quantized format, converted exactly);
-Q2_K, Q3_K and Q6_K are widened on load (`widened_weight_dtype`, float32 by default). The KV
-cache is F16 by default (as s2.cpp), or BF16/F32 (`kv_cache_dtype`).
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K in MLX's affine quantized format, converted exactly,
+the legacy quants with float16 scales by default: `quant_scale_dtype`); Q2_K, Q3_K and Q6_K
+are widened on load (`widened_weight_dtype`, float32 by default). Every tensor is an MLX copy
+and its file pages are released once copied. The KV cache is F16 by default (as s2.cpp), or
+BF16/F32 (`kv_cache_dtype`).
 
 Each eval_cached builds the whole call (embedding, every layer, cache writes, logits) as one
 lazy graph and evaluates it once; results are mx.arrays, so a generation loop can sample on
-the device.
+the device. The Fast-AR is incremental within a frame (fast_begin / fast_extend keep its K/V).
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from s2core.backend import Backend, Capabilities, check_option
 from s2core.gguf_file import ModelFile
 from s2core.inputs import EvalBatch
 
-from .fast_ar import FastDecoder
+from .fast_ar import FastDecoder, FastState
 from .kv_cache import KVCache
-from .plugin import CACHE_DTYPES, WIDENED_DTYPES, mlx_capabilities
+from .plugin import CACHE_DTYPES, SCALE_DTYPES, WIDENED_DTYPES, mlx_capabilities
 from .slow_ar import SlowAR
-from .weights import MX_DTYPES
+from .weights import MX_DTYPES, WeightLoader, return_freed_heap
+
+
+def _as_mx(hidden: Any) -> mx.array:
+    return hidden if isinstance(hidden, mx.array) else mx.array(hidden)
 
 
 def metal_available() -> bool:
@@ -36,19 +42,21 @@ class MlxBackend(Backend):
     name = "mlx"
 
     def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
-                 widened_weight_dtype: str = "f32"):
+                 widened_weight_dtype: str = "f32", quant_scale_dtype: str = "f16"):
         super().__init__(model_file)
         check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
         check_option("widened_weight_dtype", widened_weight_dtype, WIDENED_DTYPES)
+        check_option("quant_scale_dtype", quant_scale_dtype, SCALE_DTYPES)
         metal = metal_available()
         self.device = mx.gpu if metal else mx.cpu
         self._caps = mlx_capabilities(metal, kv_cache_dtype, widened_weight_dtype
                                       ).resolved(self.hparams.n_layer)
         self._cache_dtype = MX_DTYPES[kv_cache_dtype]
+        loader = WeightLoader(model_file, widened_weight_dtype, quant_scale_dtype)
         with mx.stream(self.device):
-            self.slow = SlowAR(model_file, widened_weight_dtype)
-            self.fast = (None if self.hparams.fast is None
-                         else FastDecoder(model_file, widened_weight_dtype))
+            self.slow = SlowAR(loader)
+            self.fast = None if self.hparams.fast is None else FastDecoder(loader)
+        return_freed_heap()
         self._cache: KVCache | None = None
 
     @property
@@ -77,10 +85,25 @@ class MlxBackend(Backend):
         return hidden, logits
 
     def fast_decode(self, hidden: Any, prefix_codes: np.ndarray) -> mx.array:
+        """Every position recomputed (s2.cpp's way); the core uses fast_begin/fast_extend."""
         with mx.stream(self.device):
-            logits = self.fast(mx.array(hidden), prefix_codes)
+            logits = self.fast(_as_mx(hidden), prefix_codes)
             mx.eval(logits)
         return logits
+
+    def fast_begin(self, hidden: Any) -> tuple[FastState, mx.array]:
+        with mx.stream(self.device):
+            state, logits = self.fast.begin(_as_mx(hidden))
+            mx.eval(logits, state.arrays())
+        return state, logits
+
+    def fast_extend(self, state: FastState, codes: np.ndarray) -> tuple[FastState, mx.array]:
+        """Only the new codes' positions are computed; the state's K/V stand for the rest.
+        Returns a new state (the given one is not modified)."""
+        with mx.stream(self.device):
+            state, logits = self.fast.extend(state, codes)
+            mx.eval(logits, state.arrays())
+        return state, logits
 
     # ---------------------------------------------------------------- host hand-off
     def to_numpy(self, x: Any) -> np.ndarray:

@@ -1,6 +1,7 @@
 """A quick timing of the MLX backend through the public API, for the benchmark and by hand.
 
     python -m s2core_mlx.bench MODEL.gguf [--prompt 64] [--steps 16] [--kv-cache-dtype f16]
+                                          [--quant-scale-dtype f16] [--recompute]
 
 The main benchmark needs nothing from here: it calls s2core.load(path, backend="mlx") like any
 backend. Every eval_cached and fast_decode ends in mx.eval, which blocks until the device is
@@ -28,9 +29,11 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 
 def measure(path: str, n_prompt: int = 64, n_steps: int = 16, seed: int = 0,
-            **options: Any) -> dict[str, Any]:
+            recompute: bool = False, **options: Any) -> dict[str, Any]:
     """Seconds for: load, one prefill of n_prompt positions (after a warm-up), decode steps
-    (median), and one Fast-AR frame (num_codebooks - 1 fast_decode calls)."""
+    (median), and one Fast-AR frame (num_codebooks - 1 fast_decode calls through the model,
+    so each call extends the previous one's state). `recompute` also times the frame with
+    every position recomputed per call (the backend's fast_decode, s2.cpp's way)."""
     start = time.perf_counter()
     m = s2core.load(path, backend="mlx", **options)
     load_s = time.perf_counter() - start
@@ -46,12 +49,15 @@ def measure(path: str, n_prompt: int = 64, n_steps: int = 16, seed: int = 0,
     m.step(frames[0])
     steps = [_timed(lambda f=f: m.step(f)) for f in frames[1:]]
 
-    fast_s = None
+    fast_s = recompute_s = None
     if hp.fast is not None:
         h = np.random.default_rng(seed + 1).standard_normal(hp.dim).astype(np.float32)
         m.fast_decode_native(h, [])  # warm-up
         fast_s = _timed(lambda: [m.fast_decode_native(h, list(range(n)))
                                  for n in range(hp.num_codebooks - 1)])
+        if recompute:
+            recompute_s = _timed(lambda: [m.backend.fast_decode(h, np.arange(n))
+                                          for n in range(hp.num_codebooks - 1)])
     caps = m.capabilities
     m.close()
     return {
@@ -59,7 +65,7 @@ def measure(path: str, n_prompt: int = 64, n_steps: int = 16, seed: int = 0,
         "load_s": load_s, "prefill_tokens": n_prompt, "prefill_s": prefill_s,
         "prefill_tokens_per_s": n_prompt / prefill_s,
         "step_s_median": statistics.median(steps), "step_s_min": min(steps),
-        "fast_frame_s": fast_s,
+        "fast_frame_s": fast_s, "fast_frame_recompute_s": recompute_s,
     }
 
 
@@ -70,9 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--kv-cache-dtype", default="f16")
     p.add_argument("--widened-weight-dtype", default="f32")
+    p.add_argument("--quant-scale-dtype", default="f16")
+    p.add_argument("--recompute", action="store_true",
+                   help="also time the Fast-AR frame recomputed from scratch per call")
     a = p.parse_args(argv)
-    print(json.dumps(measure(a.model, a.prompt, a.steps, kv_cache_dtype=a.kv_cache_dtype,
-                             widened_weight_dtype=a.widened_weight_dtype), indent=2))
+    print(json.dumps(measure(a.model, a.prompt, a.steps, recompute=a.recompute,
+                             kv_cache_dtype=a.kv_cache_dtype,
+                             widened_weight_dtype=a.widened_weight_dtype,
+                             quant_scale_dtype=a.quant_scale_dtype), indent=2))
 
 
 if __name__ == "__main__":

@@ -1,43 +1,91 @@
-"""The Fast-AR (SPEC 5) on MLX: recomputed from scratch per call, as s2.cpp does."""
+"""The Fast-AR (SPEC 5) on MLX: from scratch per call, or incrementally within a frame.
+
+A frame asks for codes 1..C-1 with prefixes that grow by one code per call. `__call__`
+recomputes every position, as s2.cpp does (the backend's fast_decode). `begin` and `extend`
+keep each layer's K and V of the positions so far in a `FastState`, at float32 (the precision
+the from-scratch path attends with), so a call processes only its new position(s): the same
+numbers, at one row per matrix product instead of up to C.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from s2core.gguf_file import ModelFile
-
 from .layers import BlockWeights, StackShape, attend, attention_inputs, finish_block
-from .weights import load_matrix, load_vector
+from .weights import WeightLoader
+
+
+@dataclass
+class FastState:
+    """K and V of every Fast-AR layer for positions [0, n_positions): float32 arrays
+    (1, n_head_kv, n_positions, head_dim). Position 0 is the hidden state, position i > 0
+    the (i-1)-th code."""
+
+    keys: list[mx.array]
+    values: list[mx.array]
+    n_positions: int
+
+    def arrays(self) -> list[mx.array]:
+        return self.keys + self.values
 
 
 class FastDecoder:
-    def __init__(self, mf: ModelFile, widened_dtype: str):
-        f = mf.hparams.fast
-        self.project_in = (load_matrix(mf, "fast_project_in.weight", widened_dtype)
-                           if f.project_in else None)
-        self.embeddings = load_matrix(mf, "fast_embeddings.weight", widened_dtype)
-        self.norm = load_vector(mf, "fast_norm.weight")
-        self.output = load_matrix(mf, "fast_output.weight", widened_dtype)
-        self.layers = [BlockWeights.load(mf, f"fast_layers.{i}", f.attention_qk_norm,
-                                         widened_dtype) for i in range(f.n_layer)]
+    def __init__(self, loader: WeightLoader):
+        f = loader.model_file.hparams.fast
+        self.project_in = loader.matrix("fast_project_in.weight") if f.project_in else None
+        self.embeddings = loader.matrix("fast_embeddings.weight")
+        self.norm = loader.vector("fast_norm.weight")
+        self.output = loader.matrix("fast_output.weight")
+        self.layers = [BlockWeights.load(loader, f"fast_layers.{i}", f.attention_qk_norm)
+                       for i in range(f.n_layer)]
         self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps,
                                 f.rope_freq_base)
 
-    def __call__(self, hidden: mx.array, prefix_codes: np.ndarray) -> mx.array:
-        """Logits (codebook_size,) for the code after `prefix_codes`, as a lazy graph."""
-        s = self.shape
+    # ------------------------------------------------------------------ inputs
+    def _first_row(self, hidden: mx.array) -> mx.array:
         x = hidden.astype(mx.float32)[None]
-        if self.project_in is not None:
-            x = self.project_in.project(x)
+        return x if self.project_in is None else self.project_in.project(x)
+
+    def _code_rows(self, codes: np.ndarray) -> mx.array:
+        return self.embeddings.rows(mx.array(np.asarray(codes).astype(np.int32)))
+
+    # ------------------------------------------------------------------ compute
+    def __call__(self, hidden: mx.array, prefix_codes: np.ndarray) -> mx.array:
+        """Logits (codebook_size,) for the code after `prefix_codes`, every position
+        recomputed, as a lazy graph."""
+        x = self._first_row(hidden)
         if prefix_codes.size:
-            codes = mx.array(prefix_codes.astype(np.int32))
-            x = mx.concatenate([x, self.embeddings.rows(codes)], axis=0)
+            x = mx.concatenate([x, self._code_rows(prefix_codes)], axis=0)
+        return self._run(x, None)[1]
+
+    def begin(self, hidden: mx.array) -> tuple[FastState, mx.array]:
+        """Position 0 only: the state after it and the logits of the first code (lazy)."""
+        return self._run(self._first_row(hidden), None)
+
+    def extend(self, state: FastState, codes: np.ndarray) -> tuple[FastState, mx.array]:
+        """The positions of `codes` after those in `state`: a new state (the old one is left
+        as it was) and the logits after the last code (lazy)."""
+        return self._run(self._code_rows(codes), state)
+
+    def _run(self, x: mx.array, past: FastState | None) -> tuple[FastState, mx.array]:
+        """Rows x at positions past.n_positions.. (0 without a past), attending to the past
+        K/V and causally among themselves."""
+        s = self.shape
+        first = 0 if past is None else past.n_positions
+        keys, values = [], []
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
-            q, k, v = attention_inputs(x, blk, s, 0)
-            if i == last:  # only the last position reaches the output
+            q, k, v = attention_inputs(x, blk, s, first)
+            if past is not None:
+                k = mx.concatenate([past.keys[i], k], axis=2)
+                v = mx.concatenate([past.values[i], v], axis=2)
+            keys.append(k)
+            values.append(v)
+            if i == last and x.shape[0] > 1:  # only the last position reaches the output
                 x, q = x[-1:], q[:, :, -1:]
             x = finish_block(x, attend(q, k, v, s), blk, s.eps)
         out = mx.fast.rms_norm(x, self.norm, s.eps)
-        return self.output.project(out)[0]
+        return FastState(keys, values, keys[0].shape[2]), self.output.project(out)[0]

@@ -17,9 +17,16 @@ maps onto that format exactly, with group_size 32:
 | Q4_K  | d*sc * q - dmin*mn | q         | d*sc     | -dmin*mn   | 4    |
 | Q5_K  | d*sc * q - dmin*mn | q         | d*sc     | -dmin*mn   | 5    |
 
-Scales and biases are float32: d and m are float16, so every product above (a float16 times
-an integer of at most 8 bits) is exact in float32, while d*sc and d*q are not exact in
-float16. With float32 scales, s * q + b rounds once, exactly as gguf's own dequantization.
+`convert` gives float32 scales and biases: d and m are float16, so every product above (a
+float16 times an integer of at most 8 bits) is exact in float32, and s * q + b rounds once,
+exactly as gguf's own dequantization. For Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 the scale and bias are
+the file's float16 d (and m) times a power of two, so they are also exact in float16 unless a
+product overflows float16 (|d| > 511.75 for -128 d): `narrowed` returns a tensor's float16 form
+when every value of it survives the round trip. For Q8_0, Q4_0 and Q5_0 the bias is a fixed
+multiple of the scale (`bias_factor`), so a backend can hold the float16 scales alone and
+rebuild the biases per product: exactly the file's 8.5 / 4.5 / 5.5 bits per weight, against
+10 / 6 / 7 with float32 scales and biases. The K-quants' d*sc (a float16 times a 6-bit
+integer, up to 17 significant bits) is not exact in float16: they stay float32.
 
 Q2_K, Q3_K and Q6_K have 16-value sub-blocks with their own scales; MLX supports group sizes
 32, 64 and 128 only, so those types do not map and are dequantized on load instead.
@@ -27,6 +34,7 @@ Q2_K, Q3_K and Q6_K have 16-value sub-blocks with their own scales; MLX supports
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,8 +58,8 @@ class AffineWeights:
     """One matrix in MLX's affine quantized format, as host arrays ready for mx.array()."""
 
     packed: np.ndarray  # uint32 (rows, cols * bits / 32)
-    scales: np.ndarray  # float32 (rows, cols / group_size)
-    biases: np.ndarray  # float32 (rows, cols / group_size)
+    scales: np.ndarray  # float32, or float16 where exact (rows, cols / group_size)
+    biases: np.ndarray  # same type and shape as scales
     bits: int
     group_size: int = GROUP_SIZE
 
@@ -64,11 +72,41 @@ class AffineWeights:
         q = unpack(self.packed, self.bits)
         rows, cols = q.shape
         groups = q.reshape(rows, cols // self.group_size, self.group_size).astype(np.float32)
-        return (groups * self.scales[..., None] + self.biases[..., None]).reshape(rows, cols)
+        scales, biases = (a.astype(np.float32)[..., None] for a in (self.scales, self.biases))
+        return (groups * scales + biases).reshape(rows, cols)
+
+
+#: types whose scales and biases are exact in float16 (unless a product overflows it)
+F16_EXACT_TYPES: frozenset[QT] = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1})
+
+
+#: types whose bias is a fixed multiple of the scale (bias = factor * d): it need not be stored
+BIAS_FACTORS: dict[QT, float] = {QT.Q8_0: -128.0, QT.Q4_0: -8.0, QT.Q5_0: -16.0}
 
 
 def is_convertible(qtype: QT) -> bool:
     return qtype in MLX_BITS
+
+
+def narrowed(a: AffineWeights) -> AffineWeights | None:
+    """`a` with float16 scales and biases if every one of them is exactly a float16 value
+    (checked, not assumed: an overflowing -128 d or a non-finite d keeps float32), else None."""
+    with np.errstate(over="ignore"):  # an overflow becomes inf, which the check refuses
+        scales, biases = a.scales.astype(np.float16), a.biases.astype(np.float16)
+    if not (np.array_equal(scales.astype(np.float32), a.scales)
+            and np.array_equal(biases.astype(np.float32), a.biases)):
+        return None
+    return dataclasses.replace(a, scales=scales, biases=biases)
+
+
+def bias_factor(a: AffineWeights, qtype: QT) -> float | None:
+    """k when every bias of `a` is exactly k times its scale (Q8_0, Q4_0, Q5_0: -128, -8, -16),
+    so the biases can be rebuilt from the scales instead of being held; else None."""
+    k = BIAS_FACTORS.get(qtype)
+    if k is None:
+        return None
+    rebuilt = a.scales.astype(np.float32) * np.float32(k)
+    return k if np.array_equal(rebuilt, a.biases.astype(np.float32)) else None
 
 
 def convert(blocks: np.ndarray, qtype: QT) -> AffineWeights:

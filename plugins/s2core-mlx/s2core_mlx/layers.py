@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from s2core.gguf_file import ModelFile
-
-from .weights import Matrix, load_matrix, load_vector
+from .weights import Matrix, WeightLoader
 
 
 @dataclass(frozen=True)
@@ -53,12 +51,12 @@ class BlockWeights:
     k_norm: mx.array | None
 
     @classmethod
-    def load(cls, mf: ModelFile, prefix: str, qk_norm: bool, widened_dtype: str) -> "BlockWeights":
+    def load(cls, loader: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
         def m(name: str) -> Matrix:
-            return load_matrix(mf, f"{prefix}.{name}.weight", widened_dtype)
+            return loader.matrix(f"{prefix}.{name}.weight")
 
         def v(name: str) -> mx.array:
-            return load_vector(mf, f"{prefix}.{name}.weight")
+            return loader.vector(f"{prefix}.{name}.weight")
         return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
                    m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
                    v("attention.q_norm") if qk_norm else None,

@@ -18,8 +18,16 @@ from s2core.plugin import BackendSpec, Probe, hookimpl
 CACHE_DTYPES = ("f16", "bf16", "f32")
 #: what Q2_K/Q3_K/Q6_K become: f32 is exact; f16 halves their memory (rounds each weight once)
 WIDENED_DTYPES = ("f32", "f16")
+#: scales and biases of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: f16 (exact, checked per tensor; biases
+#: that are k * scale rebuilt per product: the file's own size) or f32 (2 bits a weight, no
+#: per-product widening). The K-quants' are always f32.
+SCALE_DTYPES = ("f16", "f32")
 #: GGUF types kept in memory as stored: floats as MLX arrays of that type, quantized types in
 #: MLX's affine format (converted exactly, see gguf_quant). Q2_K, Q3_K, Q6_K are widened.
+#: Held sizes: floats and (with quant_scale_dtype="f16", the default) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
+#: exactly the file's bytes; Q4_K 1.33x and Q5_K 1.27x (float32 scales and biases); with
+#: quant_scale_dtype="f32" the legacy quants take 2 bits a weight more (Q8_0 1.18x).
+#: Capabilities has no field for such a factor, so memory estimates count these as 1.0x.
 NATIVE_WEIGHT_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
                                  "q4_k", "q5_k"})
 
@@ -90,4 +98,6 @@ def s2core_backends() -> list[BackendSpec]:
         name="mlx", backend_class="s2core_mlx.backend:MlxBackend", probe=probe,
         priority=CPU_PRIORITY,
         description="MLX (Apple GPU via Metal, or CPU): float32 compute, fused RMSNorm/RoPE/"
-                    "attention kernels, GGUF quants kept quantized where MLX's format fits")]
+                    "attention kernels, GGUF quants kept quantized where MLX's format fits "
+                    "(legacy quants at the file's size; Q4_K/Q5_K at 1.3x), incremental "
+                    "Fast-AR")]

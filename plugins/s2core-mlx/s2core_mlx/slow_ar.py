@@ -5,22 +5,21 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from s2core.gguf_file import ModelFile
 from s2core.inputs import EvalBatch
 
 from .kv_cache import KVCache
 from .layers import BlockWeights, StackShape, attend, attention_inputs, finish_block
-from .weights import load_matrix, load_vector
+from .weights import WeightLoader
 
 
 class SlowAR:
-    def __init__(self, mf: ModelFile, widened_dtype: str):
-        hp = mf.hparams
+    def __init__(self, loader: WeightLoader):
+        hp = loader.model_file.hparams
         # The token table is also the tied output matrix: one copy serves both.
-        self.embeddings = load_matrix(mf, "embeddings.weight", widened_dtype)
-        self.codebooks = load_matrix(mf, "codebook_embeddings.weight", widened_dtype)
-        self.norm = load_vector(mf, "norm.weight")
-        self.layers = [BlockWeights.load(mf, f"layers.{i}", hp.attention_qk_norm, widened_dtype)
+        self.embeddings = loader.matrix("embeddings.weight")
+        self.codebooks = loader.matrix("codebook_embeddings.weight")
+        self.norm = loader.vector("norm.weight")
+        self.layers = [BlockWeights.load(loader, f"layers.{i}", hp.attention_qk_norm)
                        for i in range(hp.n_layer)]
         self.shape = StackShape(hp.n_head, hp.n_head_kv, hp.head_dim, hp.rms_norm_eps,
                                 hp.rope_freq_base)

@@ -17,7 +17,8 @@ from s2core.kit.models import kit_model
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
 
 from s2core_mlx import gguf_quant  # noqa: E402
-from s2core_mlx.gguf_quant import MLX_BITS, convert, pack, unpack  # noqa: E402
+from s2core_mlx.gguf_quant import (BIAS_FACTORS, F16_EXACT_TYPES, MLX_BITS,  # noqa: E402
+                                   bias_factor, convert, narrowed, pack, unpack)
 
 CONVERTED = sorted(MLX_BITS, key=lambda t: t.name)
 NOT_CONVERTED = [QT.Q2_K, QT.Q3_K, QT.Q6_K]
@@ -97,11 +98,81 @@ def test_model_file_tensors_dequantize_exactly(qtype):
 
 
 def test_k_quant_scales_need_float32():
-    """Why scales are float32: d * sc of a real Q4_K tensor is not representable in float16."""
+    """Why K-quant scales stay float32: d * sc of a real Q4_K tensor is not representable in
+    float16, and narrowed() refuses it."""
     mf = ModelFile(kit_model("mha-k", "q4_k"))
-    scales = convert(mf.raw("layers.0.attention.wqkv.weight"), QT.Q4_K).scales
-    assert scales.dtype == np.float32
-    assert np.any(scales.astype(np.float16).astype(np.float32) != scales)
+    converted = convert(mf.raw("layers.0.attention.wqkv.weight"), QT.Q4_K)
+    assert converted.scales.dtype == np.float32
+    assert np.any(converted.scales.astype(np.float16).astype(np.float32) != converted.scales)
+    assert narrowed(converted) is None
+    assert not F16_EXACT_TYPES & {QT.Q4_K, QT.Q5_K}
+
+
+# ---------------------------------------------------------------------- float16 scales
+def mlx_dequantize_rebuilt(a: gguf_quant.AffineWeights, factor: float | None) -> np.ndarray:
+    """What the backend computes with: float16 scales widened, biases rebuilt if derived."""
+    scales = mx.array(a.scales).astype(mx.float32)
+    biases = scales * factor if factor is not None else mx.array(a.biases).astype(mx.float32)
+    return np.array(mx.dequantize(mx.array(a.packed), scales, biases,
+                                  group_size=a.group_size, bits=a.bits))
+
+
+@pytest.mark.parametrize("qtype", sorted(F16_EXACT_TYPES, key=lambda t: t.name),
+                         ids=lambda t: t.name)
+def test_float16_scales_of_file_tensors_are_exact(qtype):
+    mf = ModelFile(kit_model("mha-k", qtype.name.lower()))
+    for name in [t.name for t in mf.model_tensors() if t.type == qtype]:
+        small = narrowed(convert(mf.raw(name), qtype))
+        assert small is not None and small.scales.dtype == small.biases.dtype == np.float16
+        factor = bias_factor(small, qtype)
+        assert factor == BIAS_FACTORS.get(qtype)
+        expected = mf.dequantize(name)
+        np.testing.assert_array_equal(mlx_dequantize_rebuilt(small, factor), expected, name)
+        np.testing.assert_array_equal(mlx_dequantize_rebuilt(small, None), expected, name)
+        np.testing.assert_array_equal(small.dequantize(), expected, name)
+
+
+@pytest.mark.parametrize("qtype", sorted(F16_EXACT_TYPES, key=lambda t: t.name),
+                         ids=lambda t: t.name)
+def test_float16_scales_of_random_blocks_are_exact_or_refused(qtype):
+    """Random d from subnormals to ~1e3: every tensor narrowed is exact; a -128 d (-8 d,
+    -16 d) beyond float16's range is refused, never rounded to inf. With |d| kept below 256
+    (as in any real file) every tensor narrows."""
+    block_values = gguf.GGML_QUANT_SIZES[qtype][0]
+    for seed in range(6):
+        blocks = random_blocks(qtype, rows=8, blocks_per_row=256 // block_values, seed=seed)
+        d = blocks.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])[:, :2].copy().view("<f2")
+        tamed = blocks.copy()
+        tamed.reshape(d.shape[0], -1)[:, :2] = np.where(np.abs(d) < 256, d, d / 1024
+                                                        ).astype("<f2").view(np.uint8)
+        for b, must_narrow in ((blocks, False), (tamed, True)):
+            small = narrowed(convert(b, qtype))
+            if small is None:
+                assert not must_narrow and qtype in BIAS_FACTORS  # only k*d can overflow
+                continue
+            np.testing.assert_array_equal(
+                mlx_dequantize_rebuilt(small, bias_factor(small, qtype)),
+                gguf.quants.dequantize(b, qtype))
+
+
+def test_overflowing_bias_keeps_float32():
+    """Q8_0 with d = 512: -128 d = -65536 is past float16's largest value (65504)."""
+    blocks = random_blocks(QT.Q8_0, rows=2, blocks_per_row=2, seed=0)
+    for d, fits in ((511.75, True), (512.0, False)):
+        blocks[0, :2] = np.array([d], "<f2").view(np.uint8)
+        converted = convert(blocks, QT.Q8_0)
+        assert (narrowed(converted) is not None) == fits
+    # The backend's fallback: float32 scales, biases still rebuilt exactly from them.
+    assert bias_factor(converted, QT.Q8_0) == -128.0
+    np.testing.assert_array_equal(mlx_dequantize_rebuilt(converted, -128.0),
+                                  gguf.quants.dequantize(blocks, QT.Q8_0))
+
+
+def test_bias_factor_only_where_the_bias_is_a_multiple():
+    for qtype in (QT.Q4_1, QT.Q5_1, QT.Q4_K):
+        blocks = random_blocks(qtype, rows=2, blocks_per_row=256 // gguf.GGML_QUANT_SIZES[qtype][0],
+                               seed=3)
+        assert bias_factor(convert(blocks, qtype), qtype) is None
 
 
 # ---------------------------------------------------------------------- computing with it

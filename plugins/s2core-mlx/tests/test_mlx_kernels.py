@@ -54,3 +54,23 @@ def test_causal_string_mask_is_the_offset_causal_mask_with_gqa(n_past, n):
         p = np.exp(scores - scores.max(axis=1, keepdims=True))
         expected[h] = (p / p.sum(axis=1, keepdims=True)) @ v[0, h // 2]
     np.testing.assert_allclose(np.array(out)[0], expected, rtol=0, atol=1e-5)
+
+
+def test_quantized_matmul_widens_float16_scales_for_float32_activations():
+    """MLX's quantized kernels take one float type for x, scales and biases: float16 scales with
+    float32 activations are widened to float32 first (an AsType in the graph, on every device),
+    so the product is float32 and bit-identical to the float32-scale product. The backend does
+    that widening itself (QuantizedMatrix.project), so its float32 compute does not depend on
+    this rule; this test records it."""
+    rng = np.random.default_rng(0)
+    w = mx.array(rng.integers(0, 2 ** 32, (64, 64), dtype=np.uint32))  # 64 x 256 8-bit values
+    d = (rng.standard_normal((64, 8)) * 1e-2).astype(np.float16)
+    s16, b16 = mx.array(d), mx.array(d * np.float16(-128))
+    s32, b32 = s16.astype(mx.float32), b16.astype(mx.float32)
+    x = mx.array(rng.standard_normal((3, 256)).astype(np.float32))
+    mixed = mx.quantized_matmul(x, w, s16, b16, transpose=True, group_size=32, bits=8)
+    wide = mx.quantized_matmul(x, w, s32, b32, transpose=True, group_size=32, bits=8)
+    assert mixed.dtype == wide.dtype == mx.float32
+    np.testing.assert_array_equal(np.array(mixed), np.array(wide))
+    # mx.dequantize instead follows the scales' type: the backend widens gathered rows first.
+    assert mx.dequantize(w, s16, b16, group_size=32, bits=8).dtype == mx.float16
