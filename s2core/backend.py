@@ -46,6 +46,9 @@ class Capabilities:
     native_weight_types: frozenset[str] = frozenset({"f32"})
     #: what every other type is dequantized to on load
     widened_weight_dtype: str = "f32"
+    #: (type, resident bytes per file byte) for native types not held byte for byte, such as
+    #: a quantized format with wider scales; every other native type counts 1.0
+    native_weight_overhead: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         for value in (self.kv_cache_dtype, self.kv_cache_storage_dtype or self.kv_cache_dtype):
@@ -65,6 +68,10 @@ class Capabilities:
 
     def keeps_native(self, gguf_type_name: str) -> bool:
         return gguf_type_name in self.native_weight_types
+
+    def held_bytes_per_file_byte(self, gguf_type_name: str) -> float:
+        """For a native type: how much memory one byte of the file takes once loaded."""
+        return dict(self.native_weight_overhead).get(gguf_type_name, 1.0)
 
     def describe(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -29,7 +29,7 @@ def resident_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
     total = 0
     for t in model_file.model_tensors():
         if caps.keeps_native(t.type_name):
-            total += t.n_bytes
+            total += int(t.n_bytes * caps.held_bytes_per_file_byte(t.type_name))
         else:
             total += t.n_elements * DTYPE_BYTES[caps.widened_weight_dtype]
     return total

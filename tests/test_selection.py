@@ -73,3 +73,14 @@ def test_release_drops_copied_pages_but_keeps_the_data(tmp_path):
     after = proc.memory_info().rss
     assert mapped - after > 0.8 * mf.info("embeddings.weight").n_bytes, (before, mapped, after)
     np.testing.assert_array_equal(mf.dequantize("embeddings.weight"), first)
+
+
+def test_native_types_held_wider_than_the_file_count_as_held(files):
+    from s2core.memory import resident_weight_bytes
+    mf = files["q8_0"]
+    plain = Capabilities(native_weight_types=frozenset({"f32", "q8_0"}))
+    wider = Capabilities(native_weight_types=frozenset({"f32", "q8_0"}),
+                         native_weight_overhead=(("q8_0", 1.5),))
+    q8 = sum(t.n_bytes for t in mf.model_tensors() if t.type_name == "q8_0")
+    assert resident_weight_bytes(mf, wider) - resident_weight_bytes(mf, plain) == pytest.approx(
+        0.5 * q8, abs=len(list(mf.model_tensors())))

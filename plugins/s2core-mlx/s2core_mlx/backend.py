@@ -49,8 +49,8 @@ class MlxBackend(Backend):
         check_option("quant_scale_dtype", quant_scale_dtype, SCALE_DTYPES)
         metal = metal_available()
         self.device = mx.gpu if metal else mx.cpu
-        self._caps = mlx_capabilities(metal, kv_cache_dtype, widened_weight_dtype
-                                      ).resolved(self.hparams.n_layer)
+        self._caps = mlx_capabilities(metal, kv_cache_dtype, widened_weight_dtype,
+                                      quant_scale_dtype).resolved(self.hparams.n_layer)
         self._cache_dtype = MX_DTYPES[kv_cache_dtype]
         loader = WeightLoader(model_file, widened_weight_dtype, quant_scale_dtype)
         with mx.stream(self.device):

@@ -43,14 +43,27 @@ def is_apple_silicon() -> bool:
     return platform.system() == "Darwin" and platform.machine() == "arm64"
 
 
-def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16",
-                     widened_weight_dtype: str = "f32") -> Capabilities:
+#: Held bytes per file byte of the quantized types MLX keeps, by quant_scale_dtype. Per group
+#: of 32 weights MLX holds the codes plus its scale/bias; GGUF holds codes plus its own scales:
+#: with float16 scales the legacy types match the file exactly (a fixed bias is rebuilt per
+#: product), the K-quants need float32 d*sc and dmin*m (Q4_K 192 bits vs 144, Q5_K 224 vs 176);
+#: with float32 scales everything carries 64 bits of scale and bias per group.
+QUANT_OVERHEAD = {
+    "f16": (("q4_k", 192 / 144), ("q5_k", 224 / 176)),
+    "f32": (("q8_0", 320 / 272), ("q4_0", 192 / 144), ("q4_1", 192 / 160), ("q5_0", 224 / 176),
+            ("q5_1", 224 / 192), ("q4_k", 192 / 144), ("q5_k", 224 / 176)),
+}
+
+
+def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16", widened_weight_dtype: str = "f32",
+                     quant_scale_dtype: str = "f16") -> Capabilities:
     return Capabilities(
         device="metal" if metal else "cpu", accelerator=metal,
         n_accelerated_layers=None if metal else 0,
         requires_single_token_semantic_prefill=False, kv_cache_dtype=kv_cache_dtype,
         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
-        native_weight_types=NATIVE_WEIGHT_TYPES, widened_weight_dtype=widened_weight_dtype)
+        native_weight_types=NATIVE_WEIGHT_TYPES, widened_weight_dtype=widened_weight_dtype,
+        native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype])
 
 
 def _installed(distribution: str) -> bool:
