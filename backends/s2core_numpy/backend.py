@@ -1,8 +1,18 @@
-"""The NumPy CPU backend: float32 compute on BLAS, F16 KV cache by default (as s2.cpp).
+"""The NumPy CPU backend: float32 compute on BLAS, F16 KV cache values by default (as s2.cpp).
 
-Weights are widened to float32 on load, one tensor at a time (F32 files are used straight from
-the memory map). The codebook table stays in its file type: a call decodes only the rows it
-gathers.
+Weights (weights.py): F32 tensors are used straight from the memory map. With numba installed,
+Q8_0 matrices stay int8 and are multiplied straight from the blocks (q8_0.py): a decode step
+then streams 1.125 bytes a weight instead of 4. Every other type (and Q8_0 without numba) is
+widened to float32 on load, one tensor at a time, and the widened tensor's file pages are
+released. The codebook table stays in its file type: a call decodes only the rows it gathers.
+
+KV cache: held in float32. With kv_cache_dtype="f16" it holds f16-rounded values, the numbers
+s2.cpp's F16 cache holds, so attention reads the history in place instead of converting it
+every step. A call's own K/V are used unrounded in that call (as s2.cpp: they are computed in
+float32 in the same graph) and rounded once the call's attention has read them.
+
+The Fast-AR keeps its K/V between the calls of one frame (fast_begin / fast_extend), so each
+call runs only its new position: matrix-vector products, which stream at memory speed.
 """
 
 from __future__ import annotations
@@ -12,38 +22,40 @@ from dataclasses import dataclass
 import numpy as np
 
 from s2core.backend import Backend, Capabilities, check_option
+from s2core.errors import InvalidInputError
 from s2core.gguf_file import ModelFile
 from s2core.inputs import EvalBatch
 
 from . import ops
 from .plugin import CACHE_DTYPES, numpy_capabilities
-
-_CACHE_DTYPES = {"f16": np.float16, "f32": np.float32}
-assert tuple(_CACHE_DTYPES) == CACHE_DTYPES
+from .weights import Weight, WeightLoader, gather, linear, q8_0_kernels_possible
 
 
 @dataclass
 class BlockWeights:
-    """One transformer block's tensors, float32, PyTorch order [out, in]."""
+    """One transformer block's tensors, PyTorch order [out, in]; matrices float32 or Q8_0."""
 
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
-    wqkv: np.ndarray
-    wo: np.ndarray
-    w1: np.ndarray
-    w3: np.ndarray
-    w2: np.ndarray
+    wqkv: Weight
+    wo: Weight
+    w1: Weight
+    w3: Weight
+    w2: Weight
     q_norm: np.ndarray | None
     k_norm: np.ndarray | None
 
     @classmethod
-    def load(cls, mf: ModelFile, prefix: str, qk_norm: bool) -> "BlockWeights":
-        def w(name: str) -> np.ndarray:
-            return mf.dequantize(f"{prefix}.{name}.weight")
-        return cls(w("attention_norm"), w("ffn_norm"), w("attention.wqkv"), w("attention.wo"),
-                   w("feed_forward.w1"), w("feed_forward.w3"), w("feed_forward.w2"),
-                   w("attention.q_norm") if qk_norm else None,
-                   w("attention.k_norm") if qk_norm else None)
+    def load(cls, wl: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
+        def m(name: str) -> Weight:
+            return wl.matrix(f"{prefix}.{name}.weight")
+
+        def v(name: str) -> np.ndarray:
+            return wl.vector(f"{prefix}.{name}.weight")
+        return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
+                   m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
+                   v("attention.q_norm") if qk_norm else None,
+                   v("attention.k_norm") if qk_norm else None)
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,7 @@ def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
                    sin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q (n, n_head, d) and k, v (n, n_head_kv, d), QK-normed and rotated."""
     n = x.shape[0]
-    qkv = ops.rms_norm(x, blk.attn_norm, s.eps) @ blk.wqkv.T
+    qkv = linear(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv)
     q_size, kv_size = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     q = qkv[:, :q_size].reshape(n, s.n_head, s.head_dim)
     k = qkv[:, q_size:q_size + kv_size].reshape(n, s.n_head_kv, s.head_dim)
@@ -73,32 +85,60 @@ def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     if blk.q_norm is not None:
         q = ops.rms_norm(q, blk.q_norm, s.eps)
         k = ops.rms_norm(k, blk.k_norm, s.eps)
-    return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), np.ascontiguousarray(v)
+    return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
 
-def finish_block(x: np.ndarray, attn: np.ndarray, blk: BlockWeights, eps: float) -> np.ndarray:
-    """Output projection, residual, SwiGLU feed-forward, residual."""
-    h = x + attn @ blk.wo.T
-    f = ops.rms_norm(h, blk.ffn_norm, eps)
-    return h + (ops.silu(f @ blk.w1.T) * (f @ blk.w3.T)) @ blk.w2.T
+def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
+              sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
+              last_only: bool, round_f16: bool) -> np.ndarray:
+    """One block over the rows x at positions start.. with the layer's cache (n_head_kv,
+    capacity, head_dim) float32. last_only: only the last row's output is needed."""
+    n = x.shape[0]
+    end = start + n
+    q, k, v = qkv_projection(x, blk, s, cos, sin)
+    k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
+    k_new[...] = k.transpose(1, 0, 2)  # unrounded: this call attends to its own K/V in f32
+    v_new[...] = v.transpose(1, 0, 2)
+    q_start = start
+    if last_only and n > 1:
+        # Only the last position reaches the output: skip the others' attention and FFN.
+        x, q, q_start = x[-1:], q[-1:], end - 1
+    attn = ops.causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, s.scale)
+    if round_f16:
+        # What later calls read: the values an F16 cache holds (n rows, not the history).
+        k_new[...] = k_new.astype(np.float16)
+        v_new[...] = v_new.astype(np.float16)
+    h = x + linear(attn, blk.wo)
+    f = ops.rms_norm(h, blk.ffn_norm, s.eps)
+    return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
 
 
 class NumpyBackend(Backend):
     name = "numpy"
 
-    def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16"):
+    def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
+                 native_q8_0: bool | None = None):
+        """native_q8_0: keep Q8_0 matrices as int8 (needs numba); None = when numba is
+        installed, False = widen them to float32 like every other type."""
         super().__init__(model_file)
-        self._cache_dtype = _CACHE_DTYPES[check_option("kv_cache_dtype", kv_cache_dtype,
-                                                       CACHE_DTYPES)]
-        self._caps = numpy_capabilities(kv_cache_dtype)
+        check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
+        check_option("native_q8_0", native_q8_0, (None, True, False))
+        if native_q8_0 is None:
+            native_q8_0 = q8_0_kernels_possible()
+        elif native_q8_0 and not q8_0_kernels_possible():
+            raise InvalidInputError("native_q8_0", "native_q8_0=True needs numba "
+                                    "(pip install 's2core[fast]')")
+        self._caps = numpy_capabilities(kv_cache_dtype, native_q8_0)
+        self._round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
-        self.embeddings = model_file.dequantize("embeddings.weight")
-        self.norm = model_file.dequantize("norm.weight")
-        self.layers = [BlockWeights.load(model_file, f"layers.{i}", hp.attention_qk_norm)
+        wl = WeightLoader(model_file, native_q8_0)
+        self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
+        self.norm = wl.vector("norm.weight")
+        self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)
                        for i in range(hp.n_layer)]
         self.shape = StackShape(hp.n_head, hp.n_head_kv, hp.head_dim, hp.rms_norm_eps,
                                 hp.rope_freq_base)
-        self.fast = None if hp.fast is None else FastDecoder(model_file)
+        self.fast = None if hp.fast is None else FastDecoder(wl)
         self._k: np.ndarray | None = None  # [n_layer, n_head_kv, max_seq_len, head_dim]
         self._v: np.ndarray | None = None
 
@@ -110,19 +150,19 @@ class NumpyBackend(Backend):
     def allocate_kv_cache(self, max_seq_len: int) -> None:
         hp = self.hparams
         shape = (hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim)  # heads outermost: each
-        self._k = np.zeros(shape, self._cache_dtype)                 # head's rows contiguous
-        self._v = np.zeros(shape, self._cache_dtype)
+        self._k = np.zeros(shape, np.float32)                        # head's rows contiguous
+        self._v = np.zeros(shape, np.float32)
 
     def free_kv_cache(self) -> None:
         self._k = self._v = None
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
-        return tuple(c[:, :, :n_positions].transpose(0, 2, 1, 3).astype(np.float32)
+        return tuple(np.ascontiguousarray(c[:, :, :n_positions].transpose(0, 2, 1, 3))
                      for c in (self._k, self._v))
 
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> np.ndarray:
-        x = self.embeddings[batch.token_ids].astype(np.float32)
+        x = gather(self.embeddings, batch.token_ids)
         sem = np.flatnonzero(batch.semantic_mask)
         if sem.size:
             ids = batch.codebook_ids[sem]  # (n_sem, C): only semantic rows are decoded
@@ -131,58 +171,73 @@ class NumpyBackend(Backend):
         return x * batch.scale[:, None]
 
     def eval_cached(self, batch: EvalBatch) -> tuple[np.ndarray, np.ndarray]:
-        s, n_past, n = self.shape, batch.n_past, batch.n_tokens
-        end = n_past + n
+        s = self.shape
         cos, sin = ops.rope_tables(batch.positions, s.head_dim, s.rope_base)
         x = self._embed(batch)
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
-            q, k, v = qkv_projection(x, blk, s, cos, sin)
-            k_heads, v_heads = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
-            self._k[i, :, n_past:end] = k_heads
-            self._v[i, :, n_past:end] = v_heads
-            # History comes back from the cache; this call's K/V stay float32 (as s2.cpp).
-            keys = _with_history(self._k[i, :, :n_past], k_heads)
-            values = _with_history(self._v[i, :, :n_past], v_heads)
-            q_start = n_past
-            if i == last and n > 1:
-                # Only the last position reaches the output: skip the others' final block.
-                x, q, q_start = x[-1:], q[-1:], end - 1
-            x = finish_block(x, ops.causal_attention(q, keys, values, q_start, s.scale), blk, s.eps)
+            x = run_block(x, blk, s, cos, sin, self._k[i], self._v[i], batch.n_past,
+                          i == last, self._round_f16)
         hidden = ops.rms_norm(x[-1], self.norm, s.eps)
-        return hidden, self.embeddings @ hidden
+        return hidden, linear(hidden[None], self.embeddings)[0]
 
+    # ---------------------------------------------------------------- Fast-AR
     def fast_decode(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:
-        return self.fast(np.asarray(hidden, dtype=np.float32), prefix_codes)
+        state, logits = self.fast_begin(hidden)
+        if len(prefix_codes):
+            state, logits = self.fast_extend(state, prefix_codes)
+        return logits
+
+    def fast_begin(self, hidden: np.ndarray) -> tuple["FastState", np.ndarray]:
+        return self.fast.begin(np.asarray(hidden, dtype=np.float32))
+
+    def fast_extend(self, state: "FastState", codes: np.ndarray
+                    ) -> tuple["FastState", np.ndarray]:
+        return state, self.fast.extend(state, codes)
 
 
-def _with_history(past: np.ndarray, current: np.ndarray) -> np.ndarray:
-    if past.shape[1] == 0:
-        return current
-    return np.concatenate([past.astype(np.float32), current], axis=1)
+@dataclass
+class FastState:
+    """The Fast-AR positions of one frame so far: K/V (n_layer, n_head_kv, capacity, d)."""
+
+    k: np.ndarray
+    v: np.ndarray
+    n: int = 0
 
 
 class FastDecoder:
-    """The Fast-AR (SPEC 5): recomputed from scratch per call, as s2.cpp does."""
+    """The Fast-AR (SPEC 5). s2.cpp recomputes every position per call; here a frame's calls
+    append to K/V kept in a FastState, with the same numbers (float32 throughout)."""
 
-    def __init__(self, mf: ModelFile):
-        f = mf.hparams.fast
-        self.project_in = mf.dequantize("fast_project_in.weight") if f.project_in else None
-        self.embeddings = mf.dequantize("fast_embeddings.weight")
-        self.norm = mf.dequantize("fast_norm.weight")
-        self.output = mf.dequantize("fast_output.weight")
-        self.layers = [BlockWeights.load(mf, f"fast_layers.{i}", f.attention_qk_norm)
+    def __init__(self, wl: WeightLoader):
+        f = wl.mf.hparams.fast
+        self.project_in = wl.matrix("fast_project_in.weight") if f.project_in else None
+        self.embeddings = wl.matrix("fast_embeddings.weight")
+        self.norm = wl.vector("fast_norm.weight")
+        self.output = wl.matrix("fast_output.weight")
+        self.layers = [BlockWeights.load(wl, f"fast_layers.{i}", f.attention_qk_norm)
                        for i in range(f.n_layer)]
         self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps, f.rope_freq_base)
+        self.capacity = f.context_length
 
-    def __call__(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:
+    def begin(self, hidden: np.ndarray) -> tuple[FastState, np.ndarray]:
+        """Position 0: project_in(hidden) or hidden."""
         s = self.shape
-        first = hidden if self.project_in is None else self.project_in @ hidden
-        x = np.concatenate([first[None, :], self.embeddings[prefix_codes]], axis=0)
-        cos, sin = ops.rope_tables(np.arange(x.shape[0]), s.head_dim, s.rope_base)
-        for blk in self.layers:
-            q, k, v = qkv_projection(x, blk, s, cos, sin)
-            attn = ops.causal_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0, s.scale)
-            x = finish_block(x, attn, blk, s.eps)
-        return self.output @ ops.rms_norm(x[-1], self.norm, s.eps)
+        shape = (len(self.layers), s.n_head_kv, self.capacity, s.head_dim)
+        state = FastState(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        first = hidden[None, :]
+        if self.project_in is not None:
+            first = linear(first, self.project_in)
+        return state, self._run(state, first)
 
+    def extend(self, state: FastState, codes: np.ndarray) -> np.ndarray:
+        return self._run(state, gather(self.embeddings, np.asarray(codes, dtype=np.int64)))
+
+    def _run(self, state: FastState, x: np.ndarray) -> np.ndarray:
+        s, start = self.shape, state.n
+        cos, sin = ops.rope_tables(np.arange(start, start + x.shape[0]), s.head_dim, s.rope_base)
+        last = len(self.layers) - 1
+        for i, blk in enumerate(self.layers):
+            x = run_block(x, blk, s, cos, sin, state.k[i], state.v[i], start, i == last, False)
+        state.n = start + len(cos)
+        return linear(ops.rms_norm(x[-1], self.norm, s.eps)[None], self.output)[0]

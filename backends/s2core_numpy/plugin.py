@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from s2core.backend import Capabilities
 from s2core.plugin import BackendSpec, Probe, hookimpl
 
@@ -10,20 +12,37 @@ CACHE_DTYPES = ("f16", "f32")
 PRIORITY = 100
 
 
-def numpy_capabilities(kv_cache_dtype: str = "f16") -> Capabilities:
+def numba_available() -> bool:
+    """numba (the optional `fast` extra) is installed. Looked up, not imported: importing
+    numba takes ~0.3 s and the probe must stay cheap."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def numpy_capabilities(kv_cache_dtype: str = "f16", native_q8_0: bool | None = None
+                       ) -> Capabilities:
+    """native_q8_0: Q8_0 matrices kept as int8 (numba kernels); None = when numba is there.
+
+    An F16 cache is held in float32 (f16-rounded values) so attention reads it in place."""
+    if native_q8_0 is None:
+        native_q8_0 = numba_available()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
-                        kv_cache_dtype=kv_cache_dtype, supported_kv_cache_dtypes=CACHE_DTYPES,
-                        compute_dtype="f32", native_weight_types=frozenset({"f32"}),
+                        kv_cache_dtype=kv_cache_dtype,
+                        kv_cache_storage_dtype="f32" if kv_cache_dtype == "f16" else None,
+                        supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
+                        native_weight_types=frozenset({"f32", "q8_0"} if native_q8_0 else {"f32"}),
                         widened_weight_dtype="f32")
 
 
 def probe() -> Probe:
-    return Probe(available=True, reason="NumPy runs on every CPU",
-                 capabilities=numpy_capabilities())
+    reason = "NumPy runs on every CPU" + (
+        "; numba computes from Q8_0 blocks" if numba_available()
+        else "; numba not installed (pip install s2core[fast]): Q8_0 is widened to float32")
+    return Probe(available=True, reason=reason, capabilities=numpy_capabilities())
 
 
 @hookimpl
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="numpy", backend_class="s2core_numpy.backend:NumpyBackend",
                         probe=probe, priority=PRIORITY,
-                        description="float32 NumPy/BLAS on the CPU; widens weights to float32")]
+                        description="float32 NumPy/BLAS on the CPU; keeps Q8_0 with numba, "
+                                    "widens other types to float32")]

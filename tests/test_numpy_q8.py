@@ -1,0 +1,244 @@
+"""The NumPy backend's Q8_0 kernels (numba), its fallback without them, its float32-held F16
+KV cache, its incremental Fast-AR and its memory after load."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+import s2core
+from s2core.errors import InvalidInputError
+from s2core.hparams import FastHparams
+from s2core.kit import BackendConformance
+from s2core.kit.models import kit_model
+from s2core.memory import backend_kv_cache_bytes
+from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.testing.writer import tiny_hparams, write_model
+from s2core_numpy import plugin, weights
+from s2core_numpy.backend import BlockWeights
+
+numba_only = pytest.mark.skipif(not plugin.numba_available(), reason="numba not installed")
+
+
+def rel_err(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def q8_tensor(n_out: int, n_in: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF Q8_0 bytes (n_out, n_in/32*34) and gguf's float32 dequantization of them."""
+    w = np.random.default_rng(seed).standard_normal((n_out, n_in), dtype=np.float32)
+    raw = gguf.quants.quantize(w, QT.Q8_0)
+    return raw, gguf.quants.dequantize(raw, QT.Q8_0).astype(np.float32)
+
+
+def block_matrices(blk: BlockWeights) -> list:
+    return [blk.wqkv, blk.wo, blk.w1, blk.w3, blk.w2]
+
+
+# ------------------------------------------------------------------------------ kernels
+@numba_only
+@pytest.mark.parametrize("n_rows", [1, 3, 7, 8, 33])
+@pytest.mark.parametrize("n_out,n_in", [(100, 96), (64, 32), (200, 320)])
+def test_kernels_equal_a_float64_product(n_out, n_in, n_rows):
+    """Every path (one row, few rows from the tiles, many rows through sgemm) is
+    the float64 product of gguf's dequantized weights, up to float32 rounding; output counts
+    that are not a multiple of the tile are padded and cut."""
+    from s2core_numpy import q8_0
+    raw, w = q8_tensor(n_out, n_in)
+    m = q8_0.Q8Matrix.from_raw(raw)
+    assert m.shape == (n_out, n_in) and m.codes.dtype == np.int8
+    assert m.codes.shape[0] * q8_0.TILE >= n_out
+    x = np.random.default_rng(1).standard_normal((n_rows, n_in), dtype=np.float32)
+    out = m(x)
+    assert out.shape == (n_rows, n_out) and out.dtype == np.float32
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert rel_err(out, ref) < 2e-6
+    for r in range(n_rows):  # each row on its own, too (no cross-talk between rows)
+        assert rel_err(out[r], ref[r]) < 2e-6
+
+
+@numba_only
+def test_row_lookup_is_exactly_gguf_dequantization():
+    from s2core_numpy import q8_0
+    raw, w = q8_tensor(130, 64, seed=2)
+    m = q8_0.Q8Matrix.from_raw(raw)
+    ids = np.array([0, 63, 64, 129, 5, 5])
+    np.testing.assert_array_equal(m.rows(ids), w[ids])
+    np.testing.assert_array_equal(m.dequantize(), w)
+
+
+# ------------------------------------------------------------------------------ backend
+@numba_only
+def test_backend_keeps_q8_0_native():
+    m = s2core.load(kit_model("gqa4", "q8_0"), backend="numpy")
+    b = m.backend
+    assert "q8_0" in m.capabilities.native_weight_types
+    from s2core_numpy.q8_0 import Q8Matrix
+    mats = [b.embeddings, b.fast.embeddings, b.fast.output]
+    for blk in b.layers + b.fast.layers:
+        mats += block_matrices(blk)
+    for w in mats:  # int8 codes only: no float32 copy of a Q8_0 matrix is held
+        assert isinstance(w, Q8Matrix) and w.codes.dtype == np.int8
+    m.close()
+
+
+def test_fallback_widens_q8_0(monkeypatch):
+    """Without the kernels (option, or the module switch standing in for a missing numba)
+    Q8_0 is widened to float32 and gives the same numbers."""
+    prompt = mixed_prompt(tiny_hparams(), 12, np.random.default_rng(0))
+    frame = semantic_frame(tiny_hparams(), np.random.default_rng(1))
+    path = kit_model("gqa4", "q8_0")
+    outs = []
+    for options in ({"native_q8_0": False}, {}):
+        if not options:
+            monkeypatch.setattr(weights, "USE_NUMBA", False)
+        m = s2core.load(path, backend="numpy", **options)
+        assert m.capabilities.native_weight_types == {"f32"}
+        assert all(isinstance(w, np.ndarray) and w.dtype == np.float32
+                   for w in block_matrices(m.backend.layers[0]) + [m.backend.embeddings])
+        m.init_kv_cache(32)
+        m.prefill(prompt)
+        outs.append((m.step(frame).logits, m.fast_decode(np.ones(64, np.float32), [1, 2])))
+        m.close()
+    with pytest.raises(InvalidInputError, match="needs numba"):
+        s2core.load(path, backend="numpy", native_q8_0=True)  # USE_NUMBA is still off
+    monkeypatch.setattr(weights, "USE_NUMBA", True)
+    if plugin.numba_available():
+        m = s2core.load(path, backend="numpy")
+        m.init_kv_cache(32)
+        m.prefill(prompt)
+        native = (m.step(frame).logits, m.fast_decode(np.ones(64, np.float32), [1, 2]))
+        for a, b in zip(native, outs[0]):
+            assert rel_err(a, b) < 1e-5
+
+
+def test_probe_declares_q8_0_only_with_numba_and_never_imports_it(monkeypatch):
+    monkeypatch.setattr(plugin, "numba_available", lambda: False)
+    assert plugin.probe().capabilities.native_weight_types == {"f32"}
+    monkeypatch.setattr(plugin, "numba_available", lambda: True)
+    assert plugin.probe().capabilities.native_weight_types == {"f32", "q8_0"}
+    code = ("import sys, s2core; s2core.get_registry().list(); "
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+class TestNumpyWithoutNumba(BackendConformance):
+    """The whole conformance matrix on the fallback path (Q8_0 widened)."""
+
+    @pytest.fixture
+    def backend(self):
+        return "numpy"
+
+    @pytest.fixture
+    def backend_options(self):
+        return {"native_q8_0": False}
+
+
+# ------------------------------------------------------------------------------ KV cache
+def test_f16_cache_is_held_in_float32_with_f16_values():
+    hp = tiny_hparams()
+    prompt = mixed_prompt(hp, 16, np.random.default_rng(0))
+    frame = semantic_frame(hp, np.random.default_rng(1))
+    path = kit_model("gqa4", "f32")
+    m16 = s2core.load(path, backend="numpy", kv_cache_dtype="f16")
+    m32 = s2core.load(path, backend="numpy", kv_cache_dtype="f32")
+    assert m16.capabilities.kv_cache_dtype == "f16"
+    assert m16.capabilities.kv_cache_storage_dtype == "f32"
+    assert m32.capabilities.kv_cache_held_dtype == "f32"
+    r = []
+    for m in (m16, m32):
+        m.init_kv_cache(40)
+        b = m.backend
+        assert b._k.dtype == b._v.dtype == np.float32
+        assert b._k.nbytes + b._v.nbytes == backend_kv_cache_bytes(hp, 40, m.capabilities)
+        r.append(m.prefill(prompt))
+    # Within one call the new K/V are used unrounded: the first call is the same either way.
+    np.testing.assert_array_equal(r[0].logits, r[1].logits)
+    k16, v16 = m16.kv_cache_snapshot()
+    k32, _ = m32.kv_cache_snapshot()
+    for c in (k16, v16):  # what later calls read: f16 values
+        np.testing.assert_array_equal(c, c.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(k16, k32.astype(np.float16).astype(np.float32))
+    # The history is read back rounded in the next call, so a step now differs (a little).
+    s16, s32 = m16.step(frame).logits, m32.step(frame).logits
+    assert 0 < rel_err(s16, s32) < 2e-3
+
+
+# ------------------------------------------------------------------------------ Fast-AR
+@pytest.mark.parametrize("weight_type", ["f32", "q8_0"])
+def test_incremental_fast_ar_equals_recomputing(weight_type):
+    m = s2core.load(kit_model("gqa4", weight_type), backend="numpy")
+    b, hp = m.backend, m.hparams
+    rng = np.random.default_rng(5)
+    hidden = rng.standard_normal(hp.dim).astype(np.float32)
+    codes = rng.integers(0, hp.codebook_size, hp.num_codebooks - 1)
+    state, logits = b.fast_begin(hidden)
+    assert rel_err(logits, b.fast_decode(hidden, codes[:0])) < 1e-6
+    state, logits = b.fast_extend(state, codes[:3])  # several at once, then one by one
+    assert state.n == 4
+    for n in range(3, len(codes) + 1):
+        if n > 3:
+            state, logits = b.fast_extend(state, codes[n - 1:n])
+        assert state.n == n + 1
+        assert rel_err(logits, b.fast_decode(hidden, codes[:n])) < 1e-6
+
+
+# ------------------------------------------------------------------------------ memory
+def _rss() -> tuple[int, int]:
+    """(anonymous, file-backed) resident bytes of this process (Linux)."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                fields[key] = int(rest.split()[0]) * 1024
+    return fields["RssAnon"], fields["RssFile"]
+
+
+@pytest.fixture(scope="module")
+def mid_models(tmp_path_factory):
+    """A model big enough (~60 M weights) for RSS to tell copies from file pages."""
+    hp = replace(tiny_hparams(), vocab_size=16384, semantic_begin_id=8192, semantic_end_id=9215,
+                 codebook_size=1024, dim=1024, ffn=3072, n_layer=2, n_head=8, n_head_kv=2,
+                 head_dim=128,
+                 fast=FastHparams(context_length=11, dim=1024, ffn=3072, n_layer=1, n_head=8,
+                                  n_head_kv=2, head_dim=128, attention_qk_norm=False,
+                                  project_in=False))
+    d = tmp_path_factory.mktemp("mid")
+    return {t: write_model(d / f"mid-{t}.gguf", hp, t) for t in ("f16", "q8_0")}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon/RssFile are Linux's")
+@pytest.mark.parametrize("weight_type", ["f16", "q8_0"])
+def test_load_holds_about_the_expected_bytes(mid_models, weight_type):
+    """Widened (or repacked) tensors' file pages are released: resident memory after load is
+    about what the backend holds, not that plus the file."""
+    psutil = pytest.importorskip("psutil")
+    written = mid_models[weight_type]
+    mf = s2core.gguf_file.ModelFile(written.path)
+    native = weight_type == "q8_0" and plugin.numba_available()
+    held = 0
+    for t in mf.model_tensors():
+        if t.name == "codebook_embeddings.weight" or t.type == QT.F32:
+            continue  # gathered from / used in the map
+        held += t.n_bytes * 36 // 34 if native and t.type == QT.Q8_0 else 4 * t.n_elements
+    mf.close()
+    if native:
+        s2core.load(kit_model("gqa4", "q8_0"), backend="numpy").close()  # numba warmed up
+    anon0, file0 = _rss()
+    rss0 = psutil.Process().memory_info().rss
+    m = s2core.load(written.path, backend="numpy")
+    anon1, file1 = _rss()
+    grown = psutil.Process().memory_info().rss - rss0
+    assert anon1 - anon0 < held * 1.15 + (32 << 20)  # (freed heap may be reused: no lower bound)
+    assert file1 - file0 < 0.1 * written.path.stat().st_size + (16 << 20)
+    assert grown < held * 1.15 + (48 << 20)
+    m.close()
