@@ -8,7 +8,9 @@
    none means torch falls back to its math kernel, which repeats K/V per query head;
 4. timings of a decode step, a 256-token prefill and a Fast-AR frame on an S2 Pro-shaped f16
    model (all S2 Pro dims, --layers Slow-AR layers; written to a temp dir) for torch on the
-   device in each dtype and for the NumPy backend.
+   device in each dtype and for the NumPy backend, and the model file's pages still resident
+   on the host after load (torch on CUDA copies every tensor to the GPU and releases them all:
+   more than 10 % left is reported as a problem).
 
 Prints a table, writes JSON to --out, exits non-zero on any failure. About 5 minutes on an
 H200. Without a GPU, `--device cpu --layers 1` is a dry run of the same steps.
@@ -173,6 +175,7 @@ def time_backend(path: Path, backend: str, options: dict, n_prefill: int, n_step
     t0 = time.perf_counter()
     m = s2core.load(path, backend=backend, **options)
     load_s = time.perf_counter() - t0
+    file_pages = _file_pages_resident(path)  # torch on CUDA releases every copied tensor's
     try:
         hp = m.hparams
         rng = np.random.default_rng(0)
@@ -218,11 +221,24 @@ def time_backend(path: Path, backend: str, options: dict, n_prefill: int, n_step
                "step_median_ms": float(np.median(steps)), "step_min_ms": float(np.min(steps)),
                "fast_frame_ms": float(np.median(frame_ms)),
                "step_weights_gb": round(step_bytes / 1e9, 3),
-               "step_weights_gbps": round(step_bytes / 1e6 / float(np.median(steps)), 1)}
+               "step_weights_gbps": round(step_bytes / 1e6 / float(np.median(steps)), 1),
+               "file_gb": round(m.model_file.weight_bytes / 1e9, 3),
+               "file_pages_after_load_gb": None if file_pages is None else round(file_pages / 1e9, 3)}
         row.update(_device_memory(device))
         return row
     finally:
         m.close()
+
+
+def _file_pages_resident(path: Path) -> int | None:
+    """Bytes of `path` resident in this process's memory maps (None without psutil)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    real = os.path.realpath(path)
+    return sum(r.rss for r in psutil.Process().memory_maps(grouped=True)
+               if os.path.realpath(r.path) == real)
 
 
 def _synchronizer(device: str):
@@ -268,16 +284,21 @@ def print_report(result: dict) -> None:
         print(f"\n== timing, {result['timing_model']}")
         print(f"  {'backend':28s} {'compute':7s} {'load s':>7s} {'prefill ms':>11s} "
               f"{'(chunked)':>10s} {'step ms':>8s} {'(min)':>7s} {'GB/s':>6s} "
-              f"{'FastAR frame ms':>16s}")
+              f"{'FastAR frame ms':>16s} {'file pages GB':>14s}")
         for t in result["timing"]:
             name = t["backend"] + "".join(f" {k}={v}" for k, v in t["options"].items())
             print(f"  {name:28s} {t['compute_dtype']:7s} {t['load_s']:7.1f} "
                   f"{t['prefill_fast_ms']:11.1f} {t['prefill_ms']:10.1f} "
                   f"{t['step_median_ms']:8.2f} {t['step_min_ms']:7.2f} "
-                  f"{t['step_weights_gbps']:6.0f} {t['fast_frame_ms']:16.1f}")
+                  f"{t['step_weights_gbps']:6.0f} {t['fast_frame_ms']:16.1f} "
+                  f"{_gb_or_dash(t['file_pages_after_load_gb']):>14s}")
     for problem in result["problems"]:
         print(f"\nPROBLEM: {problem}")
     print(f"\n{'OK' if result['ok'] else 'FAILED'}")
+
+
+def _gb_or_dash(gb: float | None) -> str:
+    return "-" if gb is None else f"{gb:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,6 +371,12 @@ def run_timing(args: argparse.Namespace, dtypes: list[str], result: dict) -> Non
                 traceback.print_exc()
                 continue
             result["timing"].append(row)
+            held = row.get("file_pages_after_load_gb")
+            if backend == "torch" and args.device.startswith("cuda") and held is not None \
+                    and held > 0.1 * row["file_gb"]:
+                result["problems"].append(
+                    f"torch {options}: {held} GB of the file's pages still resident on the host "
+                    "after load (every tensor is copied to the GPU, so all should be released)")
 
 
 if __name__ == "__main__":

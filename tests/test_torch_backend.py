@@ -23,14 +23,27 @@ from s2core.errors import BackendUnavailableError, InvalidInputError  # noqa: E4
 from s2core.gguf_file import ModelFile  # noqa: E402
 from s2core.kit.conformance import prompt_and_frames, rel_err  # noqa: E402
 from s2core.kit.models import kit_model, kit_reference  # noqa: E402
-from s2core.kit.tolerances import kv_tolerance, output_tolerance  # noqa: E402
+from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance  # noqa: E402
+from s2core.memory import resident_weight_bytes  # noqa: E402
+from s2core.testing.prompts import semantic_frame  # noqa: E402
+from s2core.testing.writer import tiny_hparams, write_model  # noqa: E402
 from s2core_torch import ops, plugin, weights  # noqa: E402
 
 CPU = {"device": "cpu"}
 
 
 def load(config: str = "gqa4", weight_type: str = "f32", **options):
-    return s2core.load(kit_model(config, weight_type), backend="torch", **{**CPU, **options})
+    return load_path(kit_model(config, weight_type), **options)
+
+
+def load_path(path, **options):
+    return s2core.load(path, backend="torch", **{**CPU, **options})
+
+
+def semantic_prompt(hp, n: int) -> np.ndarray:
+    """A prompt of n semantic positions (generation frames) for a model of hparams hp."""
+    rng = np.random.default_rng(0)
+    return np.stack([semantic_frame(hp, rng) for _ in range(n)])
 
 
 @pytest.fixture
@@ -59,6 +72,9 @@ def test_probe_matches_what_torch_sees(monkeypatch):
         assert caps.n_accelerated_layers is None  # "all layers" until a model is loaded
     else:
         assert (p.priority, caps.device, caps.accelerator) == (plugin.CPU_PRIORITY, "cpu", False)
+    # An f16 cache is held as is on CUDA, in float32 (f16-rounded values) on the CPU.
+    assert caps.kv_cache_dtype == "f16"
+    assert caps.kv_cache_held_dtype == ("f16" if torch.cuda.is_available() else "f32")
     assert caps.supported_kv_cache_dtypes == ("f16", "bf16", "f32")
     assert caps.native_weight_types == {"f32", "f16", "bf16"}
     assert caps.requires_single_token_semantic_prefill is False
@@ -226,21 +242,85 @@ def test_fast_decode_takes_native_hidden(model_f16):
     np.testing.assert_array_equal(m.backend.to_numpy(native), m.fast_decode(r.hidden, codes))
 
 
+# ------------------------------------------------------------------ the incremental Fast-AR
+def test_fast_ar_frame_computes_each_position_once(model_f16):
+    """The calls of one frame (prefixes growing by one code) reuse one state: each computes
+    only its new position, and the logits are fast_decode's from scratch."""
+    m = model_f16
+    hp = m.hparams
+    rng = np.random.default_rng(5)
+    hidden = rng.standard_normal(hp.dim).astype(np.float32)
+    codes = rng.integers(0, hp.codebook_size, hp.num_codebooks - 1)
+    tol = fast_tolerance(m.capabilities)
+    state = None
+    for n in range(hp.num_codebooks):  # prefixes 0 .. num_codebooks - 1
+        out = m.fast_decode(hidden, codes[:n])
+        session = m._fast
+        if state is None:
+            state = session.state
+            assert state.k.shape == (hp.fast.n_layer, hp.fast.n_head_kv,
+                                     hp.fast.context_length, hp.fast.head_dim)
+            assert state.k.dtype == torch.float32 and state.k.device.type == "cpu"
+        assert session.state is state  # the same state, extended in place
+        assert state.length == n + 1
+        assert state.positions_computed == n + 1  # not 1 + 2 + ... + (n + 1)
+        scratch = m.backend.to_numpy(m.backend.fast_decode(hidden, codes[:n]))
+        assert rel_err(out, scratch) < tol
+    # A new frame (another hidden) starts a new state at position 0.
+    m.fast_decode(hidden + 1.0, codes[:1])
+    assert m._fast.state is not state and m._fast.state.positions_computed == 2
+
+
+def test_fast_extend_appends_several_codes_at_once():
+    with load("gqa2-noqk", "f32") as m:
+        b, hp = m.backend, m.hparams
+        ref = kit_reference("gqa2-noqk", "f32")
+        rng = np.random.default_rng(6)
+        hidden = rng.standard_normal(hp.dim).astype(np.float32)
+        codes = rng.integers(0, hp.codebook_size, hp.fast.context_length - 1)  # the most
+        tol = fast_tolerance(m.capabilities)
+        state, logits = b.fast_begin(hidden)
+        assert rel_err(b.to_numpy(logits), ref.fast_decode(hidden, codes[:0])) < tol
+        state, logits = b.fast_extend(state, codes[:4])  # four positions in one pass
+        assert (state.length, state.positions_computed) == (5, 5)
+        assert rel_err(b.to_numpy(logits), ref.fast_decode(hidden, codes[:4])) < tol
+        for n in range(5, len(codes) + 1):
+            state, logits = b.fast_extend(state, codes[n - 1:n])
+            assert rel_err(b.to_numpy(logits), ref.fast_decode(hidden, codes[:n])) < tol
+        assert state.length == state.capacity == hp.fast.context_length
+        with pytest.raises(ValueError, match="context"):
+            b.fast_extend(state, codes[:1])  # past the Fast-AR's context
+
+
 # ------------------------------------------------------------------ the KV cache
-def test_bf16_cache_holds_bf16_values():
-    prompt, _ = prompt_and_frames("gqa4")
-    with load("gqa4", "f32", kv_cache_dtype="bf16") as m:
+@pytest.mark.parametrize("cache_dtype", ["f16", "bf16"])
+def test_narrow_cache_holds_rounded_values_in_float32_on_cpu(cache_dtype):
+    """On the CPU an f16/bf16 cache is held in float32 (attention reads it in place, no
+    per-step conversion of the history), and every value in it is rounded to its type."""
+    narrow = {"f16": torch.float16, "bf16": torch.bfloat16}[cache_dtype]
+    prompt, frames = prompt_and_frames("gqa4")
+    with load("gqa4", "f32", kv_cache_dtype=cache_dtype) as m:
+        caps = m.capabilities
+        assert (caps.kv_cache_dtype, caps.kv_cache_held_dtype) == (cache_dtype, "f32")
         m.init_kv_cache(64)
         m.prefill(prompt)
-        assert m.backend._cache.k.dtype == torch.bfloat16
+        m.step(frames[0])
+        cache = m.backend._cache
+        assert cache.k.dtype == cache.v.dtype == torch.float32
+        stored = [cache.k[:, :, :m.n_past], cache.v[:, :, :m.n_past]]
+        for t in stored:  # the rows of the prefill and of the step were both rounded
+            assert torch.equal(t.to(narrow).float(), t)
         k, v = m.kv_cache_snapshot()
         assert k.dtype == np.float32
-        for x in (k, v):  # every value survives a round trip through bf16: it is stored as bf16
+        for x in (k, v):  # every value survives a round trip: it holds a narrow value
             t = torch.from_numpy(x)
-            assert torch.equal(t.bfloat16().float(), t)
-        ref = kit_reference("gqa4", "f32").forward(prompt)
+            assert torch.equal(t.to(narrow).float(), t)
+        ref = kit_reference("gqa4", "f32").forward(np.vstack([prompt, frames[0]]))
         err = rel_err(k, ref.k)
-        assert 1e-4 < err < kv_tolerance(m.capabilities)  # bf16 rounding, no worse
+        assert 1e-5 < err < kv_tolerance(m.capabilities)  # one rounding, no worse
+    with load("gqa4", "f32", kv_cache_dtype="f32") as m:
+        assert m.capabilities.kv_cache_held_dtype == "f32"
+        assert m.capabilities.kv_cache_storage_dtype is None
 
 
 def test_cache_is_allocated_once_per_synthesis(model_f16):
@@ -303,6 +383,79 @@ def test_quantized_weights_are_dequantized_slab_by_slab(monkeypatch):
     np.testing.assert_array_equal(got.numpy(), expected)
 
 
+@pytest.fixture(scope="module")
+def big_table_models(tmp_path_factory):
+    """Models whose 200000 x 64 embedding table dominates: 13.6 MB in q8_0, 25.6 MB in f16."""
+    d = tmp_path_factory.mktemp("release")
+    hp = tiny_hparams(vocab_size=200_000)
+    return {t: write_model(d / f"{t}.gguf", hp, t).path for t in ("q8_0", "f16")}
+
+
+@pytest.fixture
+def released(monkeypatch):
+    """Names passed to ModelFile.release (which still runs)."""
+    names = []
+    real = ModelFile.release
+
+    def spy(self, name):
+        names.append(name)
+        real(self, name)
+    monkeypatch.setattr(ModelFile, "release", spy)
+    return names
+
+
+def test_widened_tensors_release_their_pages_and_mapped_ones_do_not(big_table_models, released):
+    with load_path(big_table_models["q8_0"]) as q:
+        widened = {t.name for t in q.model_file.model_tensors() if t.type_name == "q8_0"}
+        assert widened and set(released) == widened  # every copy, nothing else (f32 norms)
+    released.clear()
+    with load_path(big_table_models["f16"]) as m:
+        m.init_kv_cache(8)
+        m.prefill(semantic_prompt(m.hparams, 4))
+        assert released == []  # used in place from the map: never released
+
+
+_RSS_AFTER_LOAD = """
+import sys, psutil, s2core
+from s2core.gguf_file import ModelFile
+from s2core.kit.models import kit_model
+from s2core.memory import resident_weight_bytes
+from s2core_torch import weights
+path, release = sys.argv[1], sys.argv[2] == "1"
+weights._SLAB_ELEMENTS = 1 << 16  # small slabs: the allocator keeps no big temporaries
+if not release:
+    ModelFile.release = lambda self, name: None
+with s2core.load(kit_model("gqa4", "q8_0"), backend="torch", device="cpu"):
+    pass  # torch's lazy initialization, outside the measurement
+proc = psutil.Process()
+before = proc.memory_info().rss
+m = s2core.load(path, backend="torch", device="cpu")
+grown = proc.memory_info().rss - before
+mapped = sum(r.rss for r in proc.memory_maps(grouped=True) if r.path == str(path))
+file_bytes = sum(t.n_bytes for t in m.model_file.model_tensors() if t.type_name != "f32")
+print(grown, mapped, resident_weight_bytes(m.model_file, m.capabilities), file_bytes)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("release", [True, False])
+def test_resident_memory_after_widening_is_the_copies(big_table_models, release):
+    pytest.importorskip("psutil")
+    """After loading a q8_0 file a fresh process holds the f16 copies, not also the file pages
+    that dequantizing read (release=False: what the bounds catch). Loose bounds on RSS."""
+    path = os.path.realpath(big_table_models["q8_0"])
+    out = subprocess.run([sys.executable, "-c", _RSS_AFTER_LOAD, path, str(int(release))],
+                         capture_output=True, text=True, check=True)
+    grown, mapped, copies, file_bytes = (int(x) for x in out.stdout.split())
+    assert copies > 1.8 * file_bytes  # f16 copies of q8_0 (8.5 bits a weight)
+    if release:
+        assert mapped < 0.1 * file_bytes, (mapped, file_bytes)
+        assert grown < copies + 0.5 * file_bytes, (grown, copies, file_bytes)
+    else:
+        assert mapped > 0.8 * file_bytes, (mapped, file_bytes)
+        assert grown > copies + 0.8 * file_bytes, (grown, copies, file_bytes)
+
+
 # ------------------------------------------------------------------ ops
 def test_rope_rotates_adjacent_pairs():
     head_dim, base, position = 8, 10000.0, 5
@@ -343,6 +496,25 @@ def test_causal_mask_with_offset_and_gqa_attention():
         scores = scores.masked_fill(~expected_mask, float("-inf"))
         ref[:, h] = scores.softmax(-1) @ v[h // group].double()
     torch.testing.assert_close(out.double(), ref.reshape(n, n_head * d), rtol=1e-5, atol=1e-5)
+
+
+def test_one_query_attention_matches_sdpa_on_strided_history():
+    """A decode step's attention (one query, no mask, keys a strided view of the cache) takes
+    the two-product path on the CPU; it gives SDPA's and the float64 result."""
+    torch.manual_seed(2)
+    n_head, n_kv, d, t = 8, 2, 16, 37
+    q = torch.randn(1, n_head, d)
+    cache_k, cache_v = torch.randn(n_kv, 64, d), torch.randn(n_kv, 64, d)
+    keys, values = cache_k[:, :t], cache_v[:, :t]  # rows of a longer cache, as KVCache gives
+    out = ops.attention(q, keys, values, None, d ** -0.5)
+    sdpa = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None],
+                                          scale=d ** -0.5, enable_gqa=True)[0].transpose(0, 1)
+    group = n_head // n_kv
+    ref = torch.stack([(q[0, h].double() @ keys[h // group].double().T * d ** -0.5).softmax(-1)
+                       @ values[h // group].double() for h in range(n_head)])
+    assert out.shape == (1, n_head * d) and out.dtype == torch.float32
+    torch.testing.assert_close(out, sdpa.reshape(1, -1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.double(), ref.reshape(1, -1), rtol=1e-5, atol=1e-6)
 
 
 def test_rms_norm_is_float32_for_half_input():

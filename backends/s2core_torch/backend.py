@@ -3,12 +3,16 @@
 Options (keyword arguments of `s2core.load(..., backend="torch")`):
   device      "cpu", "cuda", "cuda:N"; default $S2CORE_TORCH_DEVICE, else cuda if available
   dtype       compute precision: "f32" (default, $S2CORE_TORCH_DTYPE); on CUDA also "f16", "bf16"
-  kv_cache_dtype                 "f16" (default, as s2.cpp), "bf16", "f32"
+  kv_cache_dtype                 "f16" (default, as s2.cpp), "bf16", "f32"; on the CPU an f16 or
+                                 bf16 cache is held in float32 (rounded values; see kv_cache)
   single_token_semantic_prefill  None (auto), True, False: see `capabilities`
 
 On the CPU, matrix-vector products with f16/bf16 weights take activations of the weight's type
 (torch's fast half GEMV; ggml does the same), so capabilities.compute_dtype says "f16" or "bf16"
 for such files; multi-token products widen those weights to float32 at use (ops.Matmul).
+
+The Fast-AR keeps its K/V between the calls of one frame (fast_begin / fast_extend): each call
+runs only its new position, matrix-vector products at memory speed, instead of all of them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from s2core.gguf_file import ModelFile
 from s2core.inputs import EvalBatch
 
 from . import ops, options
-from .kv_cache import KVCache
+from .kv_cache import KVCache, storage_dtype
 from .plugin import torch_capabilities
 from .weights import BlockWeights, StackShape, WeightLoader
 
@@ -77,9 +81,11 @@ class TorchBackend(Backend):
         # tables stay quantized there; here every table is dequantized on load, so auto = off.
         single = bool(opts.single_token_semantic_prefill)
         n_layer = self.hparams.n_layer
+        held = storage_dtype(self.cache_dtype, self.attention_dtype, hold_wide=not opts.on_cuda)
         return torch_capabilities(opts.device_name, compute_name, opts.kv_cache_dtype,
                                   n_accelerated_layers=n_layer if opts.on_cuda else 0,
-                                  single_token_semantic_prefill=single)
+                                  single_token_semantic_prefill=single,
+                                  kv_cache_storage_dtype=_DTYPE_NAMES[held])
 
     @property
     def capabilities(self) -> Capabilities:
@@ -90,7 +96,8 @@ class TorchBackend(Backend):
         hp = self.hparams
         with torch.inference_mode():
             self._cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
-                                  self.cache_dtype, self.attention_dtype, self.device)
+                                  self.cache_dtype, self.attention_dtype, self.device,
+                                  hold_wide=not self.options.on_cuda)
             self._rope = ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
 
     def free_kv_cache(self) -> None:
@@ -129,15 +136,36 @@ class TorchBackend(Backend):
                 # Only the last position reaches the output: skip the others' final block.
                 x, q, mask = x[-1:], q[-1:], None
             attn = ops.attention(q.to(self.attention_dtype), keys, values, mask, s.scale)
+            cache.settle(i, n_past, n_past + n)
             x = finish_block(x, attn, blk, s.eps, mm)
         hidden = ops.rms_norm(x[-1], self.norm, s.eps)
         return hidden, self.output_product(self.embeddings, hidden)
 
     @torch.inference_mode()
     def fast_decode(self, hidden: Any, prefix_codes: np.ndarray) -> torch.Tensor:
-        h = torch.as_tensor(hidden, device=self.device).float()
-        codes = torch.from_numpy(np.asarray(prefix_codes, dtype=np.int64)).to(self.device)
-        return self.fast(h, codes, self.matmul, self.output_product, self.attention_dtype)
+        """Every position in one pass, as s2.cpp does (the core calls the two below instead)."""
+        state = self.fast.new_state(self.attention_dtype)
+        return self.fast.advance(state, self._fast_first(hidden), self._fast_codes(prefix_codes),
+                                 self.matmul, self.output_product)
+
+    @torch.inference_mode()
+    def fast_begin(self, hidden: Any) -> tuple[FastState, torch.Tensor]:
+        state = self.fast.new_state(self.attention_dtype)
+        logits = self.fast.advance(state, self._fast_first(hidden), None, self.matmul,
+                                   self.output_product)
+        return state, logits
+
+    @torch.inference_mode()
+    def fast_extend(self, state: FastState, codes: np.ndarray) -> tuple[FastState, torch.Tensor]:
+        logits = self.fast.advance(state, None, self._fast_codes(codes), self.matmul,
+                                   self.output_product)
+        return state, logits
+
+    def _fast_first(self, hidden: Any) -> torch.Tensor:
+        return torch.as_tensor(hidden, device=self.device).float()
+
+    def _fast_codes(self, codes: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(codes, dtype=np.int64)).to(self.device)
 
     # ---------------------------------------------------------------- host hand-off
     def to_numpy(self, x: Any) -> np.ndarray:
@@ -169,8 +197,33 @@ def finish_block(x: torch.Tensor, attn: torch.Tensor, blk: BlockWeights, eps: fl
     return h + mm(ops.silu_gate(mm(f, blk.w1), mm(f, blk.w3)), blk.w2)
 
 
+class FastState:
+    """One Fast-AR sequence: K/V of positions 0..length-1, every layer, on the device at the
+    attention precision, [n_layer, n_head_kv, context_length, head_dim] each.
+
+    The Fast-AR has no rounded cache in s2.cpp (it recomputes every position per call, at
+    compute precision), so keeping its K/V unrounded gives the same numbers as recomputing.
+    """
+
+    __slots__ = ("k", "v", "length", "positions_computed")
+
+    def __init__(self, n_layer: int, n_head_kv: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (n_layer, n_head_kv, capacity, head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+        #: positions run through the layers for this state (== length: none recomputed)
+        self.positions_computed = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+
 class FastDecoder:
-    """The Fast-AR (SPEC 5): recomputed from scratch per call, as s2.cpp does."""
+    """The Fast-AR (SPEC 5). `advance` appends positions to a FastState: the core's calls of
+    one frame then each compute only their new code's position; fast_decode runs them all."""
 
     def __init__(self, load: WeightLoader, f):
         self.project_in = load.matrix("fast_project_in.weight") if f.project_in else None
@@ -181,27 +234,56 @@ class FastDecoder:
                        for i in range(f.n_layer)]
         self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps,
                                 f.rope_freq_base)
+        self.context_length = f.context_length
+        self.device = load.device
         self.rope = ops.rope_table(f.context_length, f.head_dim, f.rope_freq_base, load.device)
 
     def matrices(self) -> list[torch.Tensor]:
         out = [self.embeddings, self.output] + [w for b in self.layers for w in b.matrices()]
         return out + ([self.project_in] if self.project_in is not None else [])
 
-    def __call__(self, hidden: torch.Tensor, codes: torch.Tensor, mm: ops.Matmul,
-                 output_product: ops.OutputProduct, attention_dtype: torch.dtype) -> torch.Tensor:
+    def new_state(self, dtype: torch.dtype) -> FastState:
         s = self.shape
-        first = hidden[None] if self.project_in is None else mm(hidden[None], self.project_in)
-        x = torch.cat([first.float(), self.embeddings[codes].float()])
-        n = x.shape[0]
-        rotations = self.rope[:n]
-        mask = ops.causal_mask(n, 0, x.device)
+        return FastState(len(self.layers), s.n_head_kv, self.context_length, s.head_dim, dtype,
+                         self.device)
+
+    def advance(self, state: FastState, hidden: torch.Tensor | None, codes: torch.Tensor | None,
+                mm: ops.Matmul, output_product: ops.OutputProduct) -> torch.Tensor:
+        """Append [project_in(hidden)] (position 0, when given) and the codes' embeddings to
+        `state`; return the logits after the last appended position."""
+        rows = []
+        if hidden is not None:
+            if state.length:
+                raise ValueError("the hidden state goes at position 0 of a new FastState")
+            rows.append(hidden[None] if self.project_in is None
+                        else mm(hidden[None], self.project_in))
+        if codes is not None and len(codes):
+            if not rows and not state.length:
+                raise ValueError("a FastState starts with its hidden state")
+            rows.append(self.embeddings[codes])
+        x = torch.cat([r.float() for r in rows]) if len(rows) > 1 else rows[0].float()
+        return self._run(state, x, mm, output_product)
+
+    def _run(self, state: FastState, x: torch.Tensor, mm: ops.Matmul,
+             output_product: ops.OutputProduct) -> torch.Tensor:
+        s = self.shape
+        n_past, n = state.length, x.shape[0]
+        end = n_past + n
+        if end > state.capacity:
+            raise ValueError(f"{end} Fast-AR positions exceed its context of {state.capacity}")
+        rotations = self.rope[n_past:end]
+        mask = ops.causal_mask(n, n_past, x.device)
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
             q, k, v = project_qkv(x, blk, s, rotations, mm)
+            keys, values = state.k[i], state.v[i]
+            keys[:, n_past:end] = k.transpose(0, 1)  # cast to the attention precision
+            values[:, n_past:end] = v.transpose(0, 1)
             if i == last and n > 1:
+                # Only the last position's logits are returned: skip the others' final block.
                 x, q, mask = x[-1:], q[-1:], None
-            keys = k.transpose(0, 1).to(attention_dtype)
-            values = v.transpose(0, 1).to(attention_dtype)
-            attn = ops.attention(q.to(attention_dtype), keys, values, mask, s.scale)
+            attn = ops.attention(q.to(keys.dtype), keys[:, :end], values[:, :end], mask, s.scale)
             x = finish_block(x, attn, blk, s.eps, mm)
+        state.length = end
+        state.positions_computed += n
         return output_product(self.output, ops.rms_norm(x[-1], self.norm, s.eps))

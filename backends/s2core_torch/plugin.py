@@ -41,13 +41,22 @@ def valid_device_name(device: str) -> bool:
 
 def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f16",
                        n_accelerated_layers: int | None = None,
-                       single_token_semantic_prefill: bool = False) -> Capabilities:
-    """What the backend is on `device`; n_accelerated_layers None means "all layers"."""
+                       single_token_semantic_prefill: bool = False,
+                       kv_cache_storage_dtype: str | None = None) -> Capabilities:
+    """What the backend is on `device`; n_accelerated_layers None means "all layers".
+
+    kv_cache_storage_dtype None: the default rule. On the CPU (float32 attention) an f16/bf16
+    cache is held in float32 with rounded values (kv_cache.storage_dtype); on CUDA as is."""
     on_cuda = device_kind(device) == "cuda"
+    if kv_cache_storage_dtype is None and not on_cuda and kv_cache_dtype != "f32":
+        kv_cache_storage_dtype = "f32"
+    if kv_cache_storage_dtype == kv_cache_dtype:
+        kv_cache_storage_dtype = None
     return Capabilities(
         device=device, accelerator=on_cuda, n_accelerated_layers=n_accelerated_layers,
         requires_single_token_semantic_prefill=single_token_semantic_prefill,
-        kv_cache_dtype=kv_cache_dtype, supported_kv_cache_dtypes=CACHE_DTYPES,
+        kv_cache_dtype=kv_cache_dtype, kv_cache_storage_dtype=kv_cache_storage_dtype,
+        supported_kv_cache_dtypes=CACHE_DTYPES,
         compute_dtype=compute_dtype, native_weight_types=NATIVE_WEIGHT_TYPES,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE)
 
