@@ -23,7 +23,52 @@ class GGUFKeyWarning(UserWarning):
 
 
 @dataclass(frozen=True)
-class FastHparams:
+class StackShape:
+    """What one transformer block needs to know about its stack (the Slow-AR's or the
+    Fast-AR's): `Hparams.stack` and `FastHparams.stack`. Shared by every backend."""
+
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    eps: float
+    rope_base: float
+
+    @property
+    def q_size(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def attn_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+class _Stack:
+    """The attention geometry of a stack's hparams (Hparams and FastHparams both have it)."""
+
+    @property
+    def stack(self) -> StackShape:
+        return StackShape(self.n_head, self.n_head_kv, self.head_dim, self.rms_norm_eps,
+                          self.rope_freq_base)
+
+    @property
+    def q_size(self) -> int:
+        return self.stack.q_size
+
+    @property
+    def kv_size(self) -> int:
+        return self.stack.kv_size
+
+    @property
+    def attn_scale(self) -> float:
+        return self.stack.attn_scale
+
+
+@dataclass(frozen=True)
+class FastHparams(_Stack):
     """The Fast-AR decoder that turns a Slow-AR `hidden` into the remaining codebook codes."""
 
     context_length: int = 11
@@ -38,17 +83,9 @@ class FastHparams:
     attention_qk_norm: bool = False
     project_in: bool = False
 
-    @property
-    def q_size(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.n_head_kv * self.head_dim
-
 
 @dataclass(frozen=True)
-class Hparams:
+class Hparams(_Stack):
     """Every SPEC section 1 value, the inferred head_dim, and the Fast-AR's (None if absent)."""
 
     architecture: str = ARCH_DEFAULT
@@ -71,19 +108,7 @@ class Hparams:
     scale_codebook_embeddings: bool = True
     fast: FastHparams | None = None
 
-    # Derived values (SPEC 2.2).
-    @property
-    def q_size(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.n_head_kv * self.head_dim
-
-    @property
-    def attn_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)
-
+    # Derived values (SPEC 2.2); q_size, kv_size, attn_scale and stack come from _Stack.
     @property
     def sem_scale(self) -> float:
         return 1.0 / math.sqrt(self.num_codebooks + 1)

@@ -6,6 +6,8 @@ writer (which produces files from it). GGUF stores dims reversed; that is the lo
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from .hparams import FastHparams, Hparams
 
 Shape = tuple[int, ...]
@@ -27,6 +29,25 @@ def _block_tensors(prefix: str, dim: int, ffn: int, n_head: int, n_head_kv: int,
         t[f"{prefix}.attention.q_norm.weight"] = (head_dim,)
         t[f"{prefix}.attention.k_norm.weight"] = (head_dim,)
     return t
+
+
+#: a block's matrices and gain vectors: attribute name -> tensor name below the block's prefix
+BLOCK_MATRICES = {"wqkv": "attention.wqkv", "wo": "attention.wo", "w1": "feed_forward.w1",
+                  "w3": "feed_forward.w3", "w2": "feed_forward.w2"}
+BLOCK_NORMS = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm"}
+BLOCK_QK_NORMS = {"q_norm": "attention.q_norm", "k_norm": "attention.k_norm"}
+
+
+def load_block(prefix: str, qk_norm: bool, matrix: Callable[[str], Any],
+               vector: Callable[[str], Any]) -> dict[str, Any]:
+    """One block's weights by attribute name (wqkv, wo, w1, w3, w2, attn_norm, ffn_norm,
+    q_norm, k_norm; the QK norms None without QK-norm), each loaded by the backend's own
+    `matrix(name)` or `vector(name)`: every backend's BlockWeights is `cls(**load_block(...))`."""
+    out = {attr: matrix(f"{prefix}.{name}.weight") for attr, name in BLOCK_MATRICES.items()}
+    out.update((attr, vector(f"{prefix}.{name}.weight")) for attr, name in BLOCK_NORMS.items())
+    out.update((attr, vector(f"{prefix}.{name}.weight") if qk_norm else None)
+               for attr, name in BLOCK_QK_NORMS.items())
+    return out
 
 
 def layer_tensors(hp: Hparams, i: int) -> dict[str, Shape]:

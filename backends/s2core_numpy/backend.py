@@ -24,7 +24,9 @@ import numpy as np
 from s2core.backend import Backend, Capabilities, check_option
 from s2core.errors import InvalidInputError
 from s2core.gguf_file import ModelFile
+from s2core.hparams import StackShape
 from s2core.inputs import EvalBatch
+from s2core.layout import load_block
 
 from . import ops
 from .plugin import CACHE_DTYPES, numpy_capabilities
@@ -47,30 +49,7 @@ class BlockWeights:
 
     @classmethod
     def load(cls, wl: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        def m(name: str) -> Weight:
-            return wl.matrix(f"{prefix}.{name}.weight")
-
-        def v(name: str) -> np.ndarray:
-            return wl.vector(f"{prefix}.{name}.weight")
-        return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
-                   m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
-                   v("attention.q_norm") if qk_norm else None,
-                   v("attention.k_norm") if qk_norm else None)
-
-
-@dataclass(frozen=True)
-class StackShape:
-    """What a block needs to know about its stack (the Slow-AR's or the Fast-AR's)."""
-
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    eps: float
-    rope_base: float
-
-    @property
-    def scale(self) -> float:
-        return 1.0 / float(np.sqrt(self.head_dim))
+        return cls(**load_block(prefix, qk_norm, wl.matrix, wl.vector))
 
 
 def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
@@ -78,7 +57,7 @@ def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     """q (n, n_head, d) and k, v (n, n_head_kv, d), QK-normed and rotated."""
     n = x.shape[0]
     qkv = linear(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv)
-    q_size, kv_size = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    q_size, kv_size = s.q_size, s.kv_size
     q = qkv[:, :q_size].reshape(n, s.n_head, s.head_dim)
     k = qkv[:, q_size:q_size + kv_size].reshape(n, s.n_head_kv, s.head_dim)
     v = qkv[:, q_size + kv_size:].reshape(n, s.n_head_kv, s.head_dim)
@@ -103,7 +82,7 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     if last_only and n > 1:
         # Only the last position reaches the output: skip the others' attention and FFN.
         x, q, q_start = x[-1:], q[-1:], end - 1
-    attn = ops.causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, s.scale)
+    attn = ops.causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, s.attn_scale)
     if round_f16:
         # What later calls read: the values an F16 cache holds (n rows, not the history).
         k_new[...] = k_new.astype(np.float16)
@@ -136,8 +115,7 @@ class NumpyBackend(Backend):
         self.norm = wl.vector("norm.weight")
         self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)
                        for i in range(hp.n_layer)]
-        self.shape = StackShape(hp.n_head, hp.n_head_kv, hp.head_dim, hp.rms_norm_eps,
-                                hp.rope_freq_base)
+        self.shape = hp.stack
         self.fast = None if hp.fast is None else FastDecoder(wl)
         self._k: np.ndarray | None = None  # [n_layer, n_head_kv, max_seq_len, head_dim]
         self._v: np.ndarray | None = None
@@ -217,7 +195,7 @@ class FastDecoder:
         self.output = wl.matrix("fast_output.weight")
         self.layers = [BlockWeights.load(wl, f"fast_layers.{i}", f.attention_qk_norm)
                        for i in range(f.n_layer)]
-        self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps, f.rope_freq_base)
+        self.shape = f.stack
         self.capacity = f.context_length
 
     def begin(self, hidden: np.ndarray) -> tuple[FastState, np.ndarray]:

@@ -24,12 +24,13 @@ import torch
 
 from s2core.backend import Backend, Capabilities
 from s2core.gguf_file import ModelFile
+from s2core.hparams import StackShape
 from s2core.inputs import EvalBatch
 
 from . import ops, options
 from .kv_cache import KVCache, storage_dtype
 from .plugin import torch_capabilities
-from .weights import BlockWeights, StackShape, WeightLoader
+from .weights import BlockWeights, WeightLoader
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -53,8 +54,7 @@ class TorchBackend(Backend):
         self.norm = load.vector("norm.weight")
         self.layers = [BlockWeights.load(load, f"layers.{i}", hp.attention_qk_norm)
                        for i in range(hp.n_layer)]
-        self.shape = StackShape(hp.n_head, hp.n_head_kv, hp.head_dim, hp.rms_norm_eps,
-                                hp.rope_freq_base)
+        self.shape = hp.stack
         self.fast = None if hp.fast is None else FastDecoder(load, hp.fast)
 
         matrices = [self.embeddings] + [w for b in self.layers for w in b.matrices()]
@@ -135,7 +135,7 @@ class TorchBackend(Backend):
             if i == last and n > 1:
                 # Only the last position reaches the output: skip the others' final block.
                 x, q, mask = x[-1:], q[-1:], None
-            attn = ops.attention(q.to(self.attention_dtype), keys, values, mask, s.scale)
+            attn = ops.attention(q.to(self.attention_dtype), keys, values, mask, s.attn_scale)
             cache.settle(i, n_past, n_past + n)
             x = finish_block(x, attn, blk, s.eps, mm)
         hidden = ops.rms_norm(x[-1], self.norm, s.eps)
@@ -179,7 +179,7 @@ def project_qkv(x: torch.Tensor, blk: BlockWeights, s: StackShape, rotations: to
     """q (n, n_head, d) and k (n, n_head_kv, d), QK-normed and rotated in float32; v as the
     product left it (the compute precision)."""
     qkv = mm(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv)
-    q_size, kv_size = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    q_size, kv_size = s.q_size, s.kv_size
     q = qkv[:, :q_size].unflatten(1, (s.n_head, s.head_dim))
     k = qkv[:, q_size:q_size + kv_size].unflatten(1, (s.n_head_kv, s.head_dim))
     v = qkv[:, q_size + kv_size:].unflatten(1, (s.n_head_kv, s.head_dim))
@@ -232,8 +232,7 @@ class FastDecoder:
         self.output = load.matrix("fast_output.weight")
         self.layers = [BlockWeights.load(load, f"fast_layers.{i}", f.attention_qk_norm)
                        for i in range(f.n_layer)]
-        self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps,
-                                f.rope_freq_base)
+        self.shape = f.stack
         self.context_length = f.context_length
         self.device = load.device
         self.rope = ops.rope_table(f.context_length, f.head_dim, f.rope_freq_base, load.device)
@@ -282,7 +281,7 @@ class FastDecoder:
             if i == last and n > 1:
                 # Only the last position's logits are returned: skip the others' final block.
                 x, q, mask = x[-1:], q[-1:], None
-            attn = ops.attention(q.to(keys.dtype), keys[:, :end], values[:, :end], mask, s.scale)
+            attn = ops.attention(q.to(keys.dtype), keys[:, :end], values[:, :end], mask, s.attn_scale)
             x = finish_block(x, attn, blk, s.eps, mm)
         state.length = end
         state.positions_computed += n

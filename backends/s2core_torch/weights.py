@@ -22,6 +22,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from s2core.gguf_file import ModelFile
+from s2core.layout import load_block
 
 #: float32 elements decoded per slab of a quantized tensor (64 MB)
 _SLAB_ELEMENTS = 16 * 1024 * 1024
@@ -102,30 +103,7 @@ class BlockWeights:
 
     @classmethod
     def load(cls, load: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        def m(name: str) -> torch.Tensor:
-            return load.matrix(f"{prefix}.{name}.weight")
-
-        def v(name: str) -> torch.Tensor:
-            return load.vector(f"{prefix}.{name}.weight")
-        return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
-                   m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
-                   v("attention.q_norm") if qk_norm else None,
-                   v("attention.k_norm") if qk_norm else None)
+        return cls(**load_block(prefix, qk_norm, load.matrix, load.vector))
 
     def matrices(self) -> list[torch.Tensor]:
         return [self.wqkv, self.wo, self.w1, self.w3, self.w2]
-
-
-@dataclass(frozen=True)
-class StackShape:
-    """What a block needs to know about its stack (the Slow-AR's or the Fast-AR's)."""
-
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    eps: float
-    rope_base: float
-
-    @property
-    def scale(self) -> float:
-        return self.head_dim ** -0.5

@@ -55,7 +55,7 @@ def measure_bandwidth(size_mb: int = 512, reps: int = 5) -> Bandwidth:
     src = np.ones(n, dtype=np.float64)
     dst = np.zeros(n, dtype=np.float64)
     copy = 2 * src.nbytes / _best_s(lambda: np.copyto(dst, src), reps) / 1e9
-    del dst
+    dst = None  # free it before the read measurements
 
     dot = src.nbytes / _best_s(lambda: src @ src, reps) / 1e9
     flat = src.view(np.float32)  # the same bytes seen as a float32 matrix

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .layers import BlockWeights, StackShape, attend, attention_inputs, finish_block
+from .layers import BlockWeights, attend, attention_inputs, finish_block
 from .weights import WeightLoader
 
 
@@ -41,8 +41,7 @@ class FastDecoder:
         self.output = loader.matrix("fast_output.weight")
         self.layers = [BlockWeights.load(loader, f"fast_layers.{i}", f.attention_qk_norm)
                        for i in range(f.n_layer)]
-        self.shape = StackShape(f.n_head, f.n_head_kv, f.head_dim, f.rms_norm_eps,
-                                f.rope_freq_base)
+        self.shape = f.stack
 
     # ------------------------------------------------------------------ inputs
     def _first_row(self, hidden: mx.array) -> mx.array:

@@ -7,35 +7,13 @@ mx.fast.scaled_dot_product_attention expect.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+from s2core.hparams import StackShape
+from s2core.layout import load_block
 
 from .weights import Matrix, WeightLoader
-
-
-@dataclass(frozen=True)
-class StackShape:
-    """What a block needs to know about its stack (the Slow-AR's or the Fast-AR's)."""
-
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    eps: float
-    rope_base: float
-
-    @property
-    def q_size(self) -> int:
-        return self.n_head * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.n_head_kv * self.head_dim
-
-    @property
-    def attn_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)
 
 
 @dataclass(frozen=True)
@@ -52,15 +30,7 @@ class BlockWeights:
 
     @classmethod
     def load(cls, loader: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        def m(name: str) -> Matrix:
-            return loader.matrix(f"{prefix}.{name}.weight")
-
-        def v(name: str) -> mx.array:
-            return loader.vector(f"{prefix}.{name}.weight")
-        return cls(v("attention_norm"), v("ffn_norm"), m("attention.wqkv"), m("attention.wo"),
-                   m("feed_forward.w1"), m("feed_forward.w3"), m("feed_forward.w2"),
-                   v("attention.q_norm") if qk_norm else None,
-                   v("attention.k_norm") if qk_norm else None)
+        return cls(**load_block(prefix, qk_norm, loader.matrix, loader.vector))
 
 
 def attention_inputs(x: mx.array, blk: BlockWeights, s: StackShape, first_position: int

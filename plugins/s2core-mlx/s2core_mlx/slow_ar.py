@@ -8,7 +8,7 @@ import numpy as np
 from s2core.inputs import EvalBatch
 
 from .kv_cache import KVCache
-from .layers import BlockWeights, StackShape, attend, attention_inputs, finish_block
+from .layers import BlockWeights, attend, attention_inputs, finish_block
 from .weights import WeightLoader
 
 
@@ -21,8 +21,7 @@ class SlowAR:
         self.norm = loader.vector("norm.weight")
         self.layers = [BlockWeights.load(loader, f"layers.{i}", hp.attention_qk_norm)
                        for i in range(hp.n_layer)]
-        self.shape = StackShape(hp.n_head, hp.n_head_kv, hp.head_dim, hp.rms_norm_eps,
-                                hp.rope_freq_base)
+        self.shape = hp.stack
         self.num_codebooks = hp.num_codebooks
 
     def embed(self, batch: EvalBatch) -> mx.array:
