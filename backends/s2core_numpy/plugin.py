@@ -10,6 +10,9 @@ from s2core.plugin import BackendSpec, Probe, hookimpl
 CACHE_DTYPES = ("f16", "f32")
 #: the CPU reference: always available; other CPU backends rank by the benchmarks
 PRIORITY = 100
+#: a Q8_0 block (34 bytes: float16 scale + 32 codes) as the numba kernels hold it: the scale
+#: widened to float32 (the kernels' loops vectorize over float32 scales; numba has no float16)
+Q8_0_HELD_BYTES = 36
 
 
 def numba_available() -> bool:
@@ -30,7 +33,8 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", native_q8_0: bool | None = N
                         kv_cache_storage_dtype="f32" if kv_cache_dtype == "f16" else None,
                         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
                         native_weight_types=frozenset({"f32", "q8_0"} if native_q8_0 else {"f32"}),
-                        widened_weight_dtype="f32")
+                        widened_weight_dtype="f32",
+                        native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),) if native_q8_0 else ())
 
 
 def probe() -> Probe:

@@ -148,8 +148,10 @@ def derive(result: dict[str, Any], model: dict[str, Any], bw: dict[str, float]) 
         mf = ModelFile(model["path"])
         try:
             native, widened = caps["native_weight_types"], caps["widened_weight_dtype"]
-            d["expected_resident_weight_bytes"] = resident_weight_bytes(mf, native, widened)
-            d["resident_step_bytes"] = resident_step_bytes(mf, native, widened)
+            overhead = dict(caps.get("native_weight_overhead") or ())
+            d["expected_resident_weight_bytes"] = resident_weight_bytes(mf, native, widened,
+                                                                        overhead)
+            d["resident_step_bytes"] = resident_step_bytes(mf, native, widened, overhead)
             d["kv_cache_bytes"] = kv_cache_bytes(mf.hparams, result["kv_capacity"],
                                                  caps["kv_cache_dtype"])
         finally:

@@ -111,20 +111,26 @@ def account(mf: ModelFile, weight_type: str, prefill_tokens: int) -> ModelAccoun
         prefill_flops=prefill_flops(hp, prefill_tokens), tensor_types=types)
 
 
-def _resident_bytes(infos, native_types: list[str], widened_dtype: str) -> int:
-    return sum(t.n_bytes if t.type_name in native_types
+def _resident_bytes(infos, native_types: list[str], widened_dtype: str,
+                    overhead: dict[str, float] | None = None) -> int:
+    """`overhead`: held bytes per file byte of native types not held byte for byte
+    (Capabilities.native_weight_overhead)."""
+    overhead = overhead or {}
+    return sum(int(t.n_bytes * overhead.get(t.type_name, 1.0)) if t.type_name in native_types
                else t.n_elements * DTYPE_BYTES[widened_dtype] for t in infos)
 
 
-def resident_step_bytes(mf: ModelFile, native_types: list[str], widened_dtype: str) -> int:
+def resident_step_bytes(mf: ModelFile, native_types: list[str], widened_dtype: str,
+                        overhead: dict[str, float] | None = None) -> int:
     """Bytes a step streams on a backend that keeps `native_types` as stored and widens the rest."""
     return _resident_bytes((mf.info(n) for n in step_tensor_names(mf.hparams)), native_types,
-                           widened_dtype)
+                           widened_dtype, overhead)
 
 
-def resident_weight_bytes(mf: ModelFile, native_types: list[str], widened_dtype: str) -> int:
+def resident_weight_bytes(mf: ModelFile, native_types: list[str], widened_dtype: str,
+                          overhead: dict[str, float] | None = None) -> int:
     """Weight bytes such a backend holds after load (every tensor s2core uses)."""
-    return _resident_bytes(mf.model_tensors(), native_types, widened_dtype)
+    return _resident_bytes(mf.model_tensors(), native_types, widened_dtype, overhead)
 
 
 def floor_ms(n_bytes: int, gbps: float) -> float:
