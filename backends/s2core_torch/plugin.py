@@ -24,7 +24,10 @@ NATIVE_WEIGHT_TYPES = frozenset({"f32", "f16", "bf16"})
 CPU_WIDENED_DTYPE = "f16"
 
 CUDA_PRIORITY = 300
-#: Just below NumPy's 100 for now; a later benchmark issue sets it from measured decode speed.
+#: Below NumPy's 100 but within selection.PEER_BAND of it, as measured (benchmarks/results):
+#: where both hold a file in the same bytes (f32) NumPy steps faster (f32 ~1.1x its floor,
+#: torch ~1.8x), so the tie goes to NumPy; where torch holds fewer bytes (f16 kept as stored
+#: against NumPy's float32 copy) selection picks torch, which is then the faster one.
 CPU_PRIORITY = 90
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
