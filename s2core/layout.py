@@ -6,7 +6,7 @@ writer (which produces files from it). GGUF stores dims reversed; that is the lo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from .hparams import FastHparams, Hparams
 
@@ -48,6 +48,27 @@ def load_block(prefix: str, qk_norm: bool, matrix: Callable[[str], Any],
     out.update((attr, vector(f"{prefix}.{name}.weight") if qk_norm else None)
                for attr, name in BLOCK_QK_NORMS.items())
     return out
+
+
+class FastARWeights(NamedTuple):
+    """The Fast-AR's weights in a backend's own types (see `load_fast_ar`)."""
+
+    project_in: Any  # None when the Fast-AR's dim equals the Slow-AR's
+    embeddings: Any
+    norm: Any
+    output: Any
+    layers: list
+
+
+def load_fast_ar(f: FastHparams, matrix: Callable[[str], Any], vector: Callable[[str], Any],
+                 block: Callable[[str, bool], Any]) -> FastARWeights:
+    """Every Fast-AR tensor through the backend's loaders: `block(prefix, qk_norm)` builds
+    one layer (usually its BlockWeights.load over `load_block`)."""
+    return FastARWeights(
+        project_in=matrix("fast_project_in.weight") if f.project_in else None,
+        embeddings=matrix("fast_embeddings.weight"), norm=vector("fast_norm.weight"),
+        output=matrix("fast_output.weight"),
+        layers=[block(f"fast_layers.{i}", f.attention_qk_norm) for i in range(f.n_layer)])
 
 
 def layer_tensors(hp: Hparams, i: int) -> dict[str, Shape]:

@@ -26,7 +26,7 @@ from s2core.errors import InvalidInputError
 from s2core.gguf_file import ModelFile
 from s2core.hparams import StackShape
 from s2core.inputs import EvalBatch
-from s2core.layout import load_block
+from s2core.layout import load_block, load_fast_ar
 
 from . import ops
 from .plugin import CACHE_DTYPES, numpy_capabilities
@@ -189,12 +189,9 @@ class FastDecoder:
 
     def __init__(self, wl: WeightLoader):
         f = wl.mf.hparams.fast
-        self.project_in = wl.matrix("fast_project_in.weight") if f.project_in else None
-        self.embeddings = wl.matrix("fast_embeddings.weight")
-        self.norm = wl.vector("fast_norm.weight")
-        self.output = wl.matrix("fast_output.weight")
-        self.layers = [BlockWeights.load(wl, f"fast_layers.{i}", f.attention_qk_norm)
-                       for i in range(f.n_layer)]
+        weights = load_fast_ar(f, wl.matrix, wl.vector,
+                               lambda prefix, qk: BlockWeights.load(wl, prefix, qk))
+        self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
         self.shape = f.stack
         self.capacity = f.context_length
 

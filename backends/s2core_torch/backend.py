@@ -26,6 +26,7 @@ from s2core.backend import Backend, Capabilities
 from s2core.gguf_file import ModelFile
 from s2core.hparams import StackShape
 from s2core.inputs import EvalBatch
+from s2core.layout import load_fast_ar
 
 from . import ops, options
 from .kv_cache import KVCache, storage_dtype
@@ -226,12 +227,9 @@ class FastDecoder:
     one frame then each compute only their new code's position; fast_decode runs them all."""
 
     def __init__(self, load: WeightLoader, f):
-        self.project_in = load.matrix("fast_project_in.weight") if f.project_in else None
-        self.embeddings = load.matrix("fast_embeddings.weight")
-        self.norm = load.vector("fast_norm.weight")
-        self.output = load.matrix("fast_output.weight")
-        self.layers = [BlockWeights.load(load, f"fast_layers.{i}", f.attention_qk_norm)
-                       for i in range(f.n_layer)]
+        weights = load_fast_ar(f, load.matrix, load.vector,
+                               lambda prefix, qk: BlockWeights.load(load, prefix, qk))
+        self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
         self.shape = f.stack
         self.context_length = f.context_length
         self.device = load.device

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+from s2core.layout import load_fast_ar
 
 from .layers import BlockWeights, attend, attention_inputs, finish_block
 from .weights import WeightLoader
@@ -35,12 +36,9 @@ class FastState:
 class FastDecoder:
     def __init__(self, loader: WeightLoader):
         f = loader.model_file.hparams.fast
-        self.project_in = loader.matrix("fast_project_in.weight") if f.project_in else None
-        self.embeddings = loader.matrix("fast_embeddings.weight")
-        self.norm = loader.vector("fast_norm.weight")
-        self.output = loader.matrix("fast_output.weight")
-        self.layers = [BlockWeights.load(loader, f"fast_layers.{i}", f.attention_qk_norm)
-                       for i in range(f.n_layer)]
+        weights = load_fast_ar(f, loader.matrix, loader.vector,
+                               lambda prefix, qk: BlockWeights.load(loader, prefix, qk))
+        self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
         self.shape = f.stack
 
     # ------------------------------------------------------------------ inputs
