@@ -28,14 +28,20 @@ def cache_dir() -> Path:
     return Path(base) / "s2core"
 
 
+def model_path(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
+               directory: Path | None = None) -> Path:
+    """Where the cache keeps the model file for these arguments (written or not)."""
+    key = json.dumps({"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
+                      "writer": WRITER_VERSION}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
+
+
 def cached_model(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
                  directory: Path | None = None,
                  progress: Callable[[int, int], None] | None = None) -> Path:
     """Path of a model file for these arguments, written first if the cache lacks it."""
-    key = json.dumps({"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
-                      "writer": WRITER_VERSION}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    path = (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
+    path = model_path(hp, weight_type, seed, stem, directory)
     if not path.exists():
         write_model(path, hp, weight_type, seed=seed, progress=progress)
     return path
