@@ -49,6 +49,9 @@ class Capabilities:
     #: (type, resident bytes per file byte) for native types not held byte for byte, such as
     #: a quantized format with wider scales; every other native type counts 1.0
     native_weight_overhead: tuple[tuple[str, float], ...] = ()
+    #: native types used in place from the file's memory map: no copy at load (instant), and
+    #: the pages are the OS page cache's, shared with every process that maps the file
+    mapped_weight_types: frozenset[str] = frozenset()
 
     def __post_init__(self):
         for value in (self.kv_cache_dtype, self.kv_cache_storage_dtype or self.kv_cache_dtype):
@@ -76,6 +79,7 @@ class Capabilities:
     def describe(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["native_weight_types"] = sorted(self.native_weight_types)
+        d["mapped_weight_types"] = sorted(self.mapped_weight_types)
         d["kv_cache_storage_dtype"] = self.kv_cache_held_dtype
         return d
 

@@ -11,7 +11,8 @@ import s2core
 
 from .errors import S2CoreError
 from .gguf_file import ModelFile
-from .memory import backend_kv_cache_bytes, kv_cache_bytes, resident_weight_bytes
+from .memory import (backend_kv_cache_bytes, copied_weight_bytes, kv_cache_bytes,
+                     resident_weight_bytes)
 from .selection import choose_backend
 
 
@@ -82,8 +83,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         if r.capabilities is None:
             continue
         weights = resident_weight_bytes(mf, r.capabilities)
-        widened = weights > mf.weight_bytes * 1.01
+        widened = any(not r.capabilities.keeps_native(t.type_name) for t in mf.model_tensors())
         note = f" (widens to {r.capabilities.widened_weight_dtype})" if widened else ""
+        if copied_weight_bytes(mf, r.capabilities) == 0:
+            note += " (used in place from the file's memory map)"
         state = "" if r.available else " [unavailable here]"
         print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
               f"{_gb(backend_kv_cache_bytes(hp, args.ctx, r.capabilities))}{state}")

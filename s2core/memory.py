@@ -33,3 +33,9 @@ def resident_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
         else:
             total += t.n_elements * DTYPE_BYTES[caps.widened_weight_dtype]
     return total
+
+
+def copied_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
+    """Of those, the bytes the backend copies at load (all but the tensors it maps in place)."""
+    return resident_weight_bytes(model_file, caps) - sum(
+        t.n_bytes for t in model_file.model_tensors() if t.type_name in caps.mapped_weight_types)

@@ -41,6 +41,23 @@ def test_peers_are_ranked_by_bytes_held(files, weight_type, expected):
     assert choose_backend(CPU_ROWS, files[weight_type]) == expected
 
 
+def test_equal_holdings_go_to_the_one_that_maps_the_file(files):
+    """numpy-like (packs f16 into its own copy) against torch-like (maps f16 in place): the
+    same bytes held, fewer copied wins over priority; where both map (f32) priority decides."""
+    packer = BackendInfo("packer", 100, True, "", Capabilities(
+        native_weight_types=frozenset({"f32", "f16"}), mapped_weight_types=frozenset({"f32"})),
+        "test")
+    mapper = BackendInfo("mapper", 90, True, "", Capabilities(
+        native_weight_types=frozenset({"f32", "f16"}),
+        mapped_weight_types=frozenset({"f32", "f16"})), "test")
+    assert choose_backend([packer, mapper], files["f16"]) == "mapper"
+    assert choose_backend([packer, mapper], files["f32"]) == "packer"
+    from s2core.memory import copied_weight_bytes
+    assert copied_weight_bytes(files["f16"], mapper.capabilities) == 0
+    assert copied_weight_bytes(files["f16"], packer.capabilities) == sum(
+        t.n_bytes for t in files["f16"].model_tensors() if t.type_name == "f16")
+
+
 def test_accelerator_far_above_wins_regardless_of_bytes(files):
     rows = CPU_ROWS + [row("gpu", 300, {"f32"}, widened="f32", accelerator=True)]
     assert choose_backend(rows, files["q4_0"]) == "gpu"

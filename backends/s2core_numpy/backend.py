@@ -1,10 +1,10 @@
 """The NumPy CPU backend: float32 compute on BLAS, F16 KV cache values by default (as s2.cpp).
 
 Weights (weights.py): F32 tensors are used straight from the memory map. With numba installed,
-Q8_0 matrices stay int8 and are multiplied straight from the blocks (q8_0.py): a decode step
-then streams 1.125 bytes a weight instead of 4. Every other type (and Q8_0 without numba) is
-widened to float32 on load, one tensor at a time, and the widened tensor's file pages are
-released. The codebook table stays in its file type: a call decodes only the rows it gathers.
+F16 and Q8_0 matrices stay in their file type and numba kernels multiply straight from them
+(tiled.py, f16.py, q8_0.py): a decode step then streams 2 or 1.125 bytes a weight instead of
+4. Every other type (and F16/Q8_0 without numba) is widened to float32 on load, one tensor at
+a time, and the widened tensor's file pages are released. The codebook table stays in its file type: a call decodes only the rows it gathers.
 
 KV cache: held in float32. With kv_cache_dtype="f16" it holds f16-rounded values, the numbers
 s2.cpp's F16 cache holds, so attention reads the history in place instead of converting it
@@ -30,7 +30,7 @@ from s2core.layout import load_block, load_fast_ar
 
 from . import ops
 from .plugin import CACHE_DTYPES, numpy_capabilities
-from .weights import Weight, WeightLoader, gather, linear, q8_0_kernels_possible
+from .weights import Weight, WeightLoader, gather, linear, numba_kernels_possible
 
 
 @dataclass
@@ -96,21 +96,22 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
-                 native_q8_0: bool | None = None):
-        """native_q8_0: keep Q8_0 matrices as int8 (needs numba); None = when numba is
-        installed, False = widen them to float32 like every other type."""
+                 numba_kernels: bool | None = None):
+        """numba_kernels: keep F16 and Q8_0 matrices in their file type and compute from them
+        with numba; None = when numba is installed, False = widen them to float32 like every
+        other type."""
         super().__init__(model_file)
         check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
-        check_option("native_q8_0", native_q8_0, (None, True, False))
-        if native_q8_0 is None:
-            native_q8_0 = q8_0_kernels_possible()
-        elif native_q8_0 and not q8_0_kernels_possible():
-            raise InvalidInputError("native_q8_0", "native_q8_0=True needs numba "
+        check_option("numba_kernels", numba_kernels, (None, True, False))
+        if numba_kernels is None:
+            numba_kernels = numba_kernels_possible()
+        elif numba_kernels and not numba_kernels_possible():
+            raise InvalidInputError("numba_kernels", "numba_kernels=True needs numba "
                                     "(pip install 's2core[fast]')")
-        self._caps = numpy_capabilities(kv_cache_dtype, native_q8_0)
+        self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels)
         self._round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
-        wl = WeightLoader(model_file, native_q8_0)
+        wl = WeightLoader(model_file, numba_kernels)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
         self.norm = wl.vector("norm.weight")
         self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)

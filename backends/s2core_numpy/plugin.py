@@ -21,26 +21,32 @@ def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def numpy_capabilities(kv_cache_dtype: str = "f16", native_q8_0: bool | None = None
-                       ) -> Capabilities:
-    """native_q8_0: Q8_0 matrices kept as int8 (numba kernels); None = when numba is there.
+#: the types the numba kernels compute from as stored (f16.py, q8_0.py)
+NUMBA_TYPES = frozenset({"f16", "q8_0"})
 
-    An F16 cache is held in float32 (f16-rounded values) so attention reads it in place."""
-    if native_q8_0 is None:
-        native_q8_0 = numba_available()
+
+def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None
+                       ) -> Capabilities:
+    """numba_kernels: F16 and Q8_0 matrices kept in their file type; None = when numba is
+    there. An F16 cache is held in float32 (f16-rounded values) so attention reads it in place."""
+    if numba_kernels is None:
+        numba_kernels = numba_available()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
                         kv_cache_dtype=kv_cache_dtype,
                         kv_cache_storage_dtype="f32" if kv_cache_dtype == "f16" else None,
                         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
-                        native_weight_types=frozenset({"f32", "q8_0"} if native_q8_0 else {"f32"}),
-                        widened_weight_dtype="f32",
-                        native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),) if native_q8_0 else ())
+                        native_weight_types=frozenset({"f32"}) | (NUMBA_TYPES if numba_kernels
+                                                                  else frozenset()),
+                        widened_weight_dtype="f32", mapped_weight_types=frozenset({"f32"}),
+                        native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
+                        if numba_kernels else ())
 
 
 def probe() -> Probe:
     reason = "NumPy runs on every CPU" + (
-        "; numba computes from Q8_0 blocks" if numba_available()
-        else "; numba not installed (pip install s2core[fast]): Q8_0 is widened to float32")
+        "; numba computes from F16 and Q8_0 weights as stored" if numba_available()
+        else "; numba not installed (pip install s2core[fast]): F16 and Q8_0 are widened to "
+             "float32")
     return Probe(available=True, reason=reason, capabilities=numpy_capabilities())
 
 
@@ -48,5 +54,5 @@ def probe() -> Probe:
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="numpy", backend_class="s2core_numpy.backend:NumpyBackend",
                         probe=probe, priority=PRIORITY,
-                        description="float32 NumPy/BLAS on the CPU; keeps Q8_0 with numba, "
-                                    "widens other types to float32")]
+                        description="float32 NumPy/BLAS on the CPU; keeps F16 and Q8_0 with "
+                                    "numba, widens other types to float32")]

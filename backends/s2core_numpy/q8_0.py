@@ -1,51 +1,23 @@
-"""Q8_0 weights kept as int8, multiplied straight from the blocks by numba kernels.
+"""Q8_0 weights kept as int8 in the tiled layout (tiled.py), multiplied straight from them.
 
-Why: a decode step reads every weight once, so its time follows the bytes read. Widened to
-float32, a Q8_0 file streams 4 bytes a weight; kept as int8 codes with one float32 scale per
-32 weights, 1.125. The products are exact in the sense the rest of the backend is: float32
-activations times the stored weights (code * scale), accumulated in float32; nothing is
-quantized on the activation side.
-
-Layout. A row-major int8 GEMV (one output per row, a reduction along the row) streams at only
-~12 GB/s here: each row's dot product ends in a horizontal sum and the loads are narrow.
-Tiling fixes both: TILE consecutive output rows are stored interleaved, codes as
-(n_tiles, in_features, TILE) and scales as (n_tiles, in_features / 32, TILE), so a tile's data
-is contiguous and the innermost loop runs over TILE independent outputs (pure vector FMAs, no
-horizontal sums). TILE = 64 streams at 24-28 GB/s on Zen 4; 16 and 32 are 2-3x slower,
-128 is no better. Output counts that are not a multiple of TILE are padded with zero rows.
-
-Products of several rows (prefill) use one of two paths, switched at GEMM_ROWS:
-- few rows: the tile is read once from memory and every row is computed from it while it
-  sits in L2 (`_matmul_tiles`);
-- many rows: a slab of tiles is decoded to float32 (`_decode_slab`, a slab small enough to stay
-  in the last-level cache) and multiplied by BLAS sgemm, which is far faster per row.
-
-This module imports numba; the backend imports it only when numba is installed.
+A Q8_0 block is a float16 scale and 32 int8 codes (34 bytes). Here the codes of TILE output
+rows are interleaved as (n_tiles, in_features, TILE) int8 and the scales as
+(n_tiles, in_features / 32, TILE) float32 (numba has no float16; 36 bytes a block, 1.06x the
+file): a decode step streams 1.125 bytes a weight instead of float32's 4. Each block's
+integer-weighted sum is formed first and scaled once (as ggml does); nothing is quantized on
+the activation side.
 """
 
 from __future__ import annotations
 
-import os
-import threading
+import numpy as np
+from numba import njit, prange
 
-# numba's threads are OpenMP's (GNU libgomp, read when numba starts them). Idle, they spin for
-# GOMP's default 300,000 rounds (several ms) after every kernel, on the cores that the BLAS
-# sgemm of the next product needs: a 256-row prefill product took 86 ms instead of 74. A
-# short spin keeps kernels launched back to back (a decode step) just as fast. The user's own
-# OpenMP settings win.
-if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "10000"
+from .tiled import TILE, TiledMatrix, n_tiles
 
-import numpy as np  # noqa: E402
-from numba import njit, prange  # noqa: E402
-
-#: output rows per tile (see above)
-TILE = 64
 #: weights per Q8_0 block, and the block's bytes: float16 scale + 32 int8 codes
 BLOCK = 32
 BLOCK_BYTES = 34
-#: at or above this many rows, decode slabs to float32 and use sgemm (measured: see README)
-GEMM_ROWS = 32
 
 
 # ---------------------------------------------------------------------------------- kernels
@@ -136,36 +108,17 @@ def _gather_rows(codes, scales, rows, out):
             out[r, i] = np.float32(codes[t, i, j]) * scales[t, i // BLOCK, j]
 
 
-# ---------------------------------------------------------------------------------- weights
-_local = threading.local()
-
-
-def _scratch(n_rows: int, n_cols: int) -> np.ndarray:
-    """A float32 (n_rows, n_cols) buffer reused by this thread's multi-row products: the
-    biggest decoded matrix (100 MB for S2 Pro's 9728 x 2560), allocated once, so a prefill
-    does not page-fault in a fresh copy per product."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.size < n_rows * n_cols:
-        buf = _local.buf = np.empty(n_rows * n_cols, np.float32)
-    return buf[:n_rows * n_cols].reshape(n_rows, n_cols)
-
-
-def free_scratch() -> None:
-    """Drop this thread's buffer (its memory returns to the OS)."""
-    _local.buf = None
-
-
+# ---------------------------------------------------------------------------------- matrix
 #: every float16 bit pattern as float32 (256 KB): the scales' conversion table
 _F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-class Q8Matrix:
+class Q8Matrix(TiledMatrix):
     """A [out, in] Q8_0 matrix in the tiled layout. `m(x)` is x @ W^T for x (n, in)."""
 
     def __init__(self, codes: np.ndarray, scales: np.ndarray, n_out: int):
-        self.codes = codes      # (n_tiles, in, TILE) int8
-        self.scales = scales    # (n_tiles, in / 32, TILE) float32
-        self.n_out = n_out      # real rows; the last tile may be padded
+        super().__init__(codes, n_out)   # (n_tiles, in, TILE) int8
+        self.scales = scales             # (n_tiles, in / 32, TILE) float32
 
     @classmethod
     def from_raw(cls, raw: np.ndarray) -> "Q8Matrix":
@@ -174,49 +127,23 @@ class Q8Matrix:
         n_out = raw.shape[0]
         blocks = raw.reshape(n_out, -1, BLOCK_BYTES)
         n_blocks = blocks.shape[1]
-        codes = np.zeros((-(-n_out // TILE), n_blocks * BLOCK, TILE), np.int8)
+        codes = np.zeros((n_tiles(n_out), n_blocks * BLOCK, TILE), np.int8)
         scales = np.zeros(codes.shape[:1] + (n_blocks, TILE), np.float32)
         _pack(blocks, blocks.view(np.int8), _F16_TO_F32, codes, scales)
         return cls(codes, scales, n_out)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return self.n_out, self.codes.shape[1]
-
-    @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x (n, in) float32 -> (n, out) float32."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        n = x.shape[0]
-        padded = self.codes.shape[0] * TILE
-        out = np.empty((n, padded), np.float32)
-        if n == 1:
-            _matvec_tiles(self.codes, self.scales, x[0], out[0])
-        elif n < GEMM_ROWS:
-            _matmul_tiles(self.codes, self.scales, x, out)
-        else:
-            self._matmul_blas(x, out)
-        return out if padded == self.n_out else out[:, :self.n_out]
+    def _matvec(self, x: np.ndarray, out: np.ndarray) -> None:
+        _matvec_tiles(self.codes, self.scales, x, out)
 
-    def _matmul_blas(self, x: np.ndarray, out: np.ndarray) -> None:
-        # The whole matrix at once: one numba region and one sgemm. Slabs that stay in cache
-        # would save the float32 round trip through memory (~6 ms of ~70 for 9728 x 2560 x
-        # 256 rows), but every switch between numba's threads and BLAS's costs more.
-        n_tiles, n_in, _ = self.codes.shape
-        w_t = _scratch(n_in, n_tiles * TILE)
+    def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
+        _matmul_tiles(self.codes, self.scales, x, out)
+
+    def _decode_transposed(self, w_t: np.ndarray) -> None:
         _decode_transposed(self.codes, self.scales, w_t)
-        np.matmul(x, w_t, out=out)
 
-    def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows `ids` as float32 (n, in): a lookup table decodes only what it gathers."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty((ids.shape[0], self.codes.shape[1]), np.float32)
+    def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         _gather_rows(self.codes, self.scales, ids, out)
-        return out
-
-    def dequantize(self) -> np.ndarray:
-        """The whole matrix as float32 (O, I) (tests and debugging)."""
-        return self.rows(np.arange(self.n_out))

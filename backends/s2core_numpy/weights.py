@@ -1,4 +1,5 @@
-"""How the NumPy backend holds a matrix: float32 (zero-copy for F32 files) or Q8_0 blocks.
+"""How the NumPy backend holds a matrix: float32 (zero-copy for F32 files), or, with numba,
+F16 and Q8_0 in their file type (tiled.py, f16.py, q8_0.py).
 
 `linear` and `gather` are the only places that care which; everything else sees float32.
 """
@@ -14,34 +15,43 @@ from s2core.gguf_file import ModelFile
 
 from .plugin import numba_available
 
-#: turn the numba kernels off for the whole process (tests of the fallback path; also the
-#: `native_q8_0=False` backend option does it for one backend)
+#: turn the numba kernels off for the whole process (tests of the fallback path; the
+#: `numba_kernels=False` backend option does it for one backend)
 USE_NUMBA = True
 
-Weight = Union[np.ndarray, Any]  # float32 ndarray or q8_0.Q8Matrix
+Weight = Union[np.ndarray, Any]  # float32 ndarray or tiled.TiledMatrix
 
 
-def q8_0_kernels_possible() -> bool:
+def numba_kernels_possible() -> bool:
     return USE_NUMBA and numba_available()
 
 
 class WeightLoader:
     """Loads one tensor at a time, so at most one tensor's copy is in flight."""
 
-    def __init__(self, mf: ModelFile, native_q8_0: bool):
+    def __init__(self, mf: ModelFile, numba_kernels: bool):
         self.mf = mf
-        self.native_q8_0 = native_q8_0
+        self.numba_kernels = numba_kernels
 
     def matrix(self, name: str) -> Weight:
         """A matrix used in products (and maybe row lookups)."""
-        if self.native_q8_0 and self.mf.info(name).type == QT.Q8_0:
-            # numba is imported here, on the first Q8_0 tensor: never at probe time, and not
-            # at all for files without Q8_0 (its import takes ~0.3 s and maps LLVM's pages)
-            from .q8_0 import Q8Matrix
-            m = Q8Matrix.from_raw(self.mf.raw(name))
-            self.mf.release(name)  # the codes were copied into the tiled layout
-            return m
+        packed = self._packed(name) if self.numba_kernels else None
+        if packed is not None:
+            self.mf.release(name)  # the values were copied into the tiled layout
+            return packed
         return self.vector(name)
+
+    def _packed(self, name: str) -> Weight | None:
+        # numba is imported here, on the first such tensor: never at probe time, and not at
+        # all for F32 files (its import takes ~0.3 s and maps LLVM's pages)
+        qtype = self.mf.info(name).type
+        if qtype == QT.Q8_0:
+            from .q8_0 import Q8Matrix
+            return Q8Matrix.from_raw(self.mf.raw(name))
+        if qtype == QT.F16:
+            from .f16 import F16Matrix
+            return F16Matrix.from_raw(self.mf.raw(name))  # None with inf/NaN: widened
+        return None
 
     def vector(self, name: str) -> np.ndarray:
         """float32. F32 tensors stay in the memory map; the file pages of widened copies are

@@ -25,9 +25,9 @@ CPU_WIDENED_DTYPE = "f16"
 
 CUDA_PRIORITY = 300
 #: Below NumPy's 100 but within selection.PEER_BAND of it, as measured (benchmarks/results):
-#: where both hold a file in the same bytes (f32) NumPy steps faster (f32 ~1.1x its floor,
-#: torch ~1.8x), so the tie goes to NumPy; where torch holds fewer bytes (f16 kept as stored
-#: against NumPy's float32 copy) selection picks torch, which is then the faster one.
+#: where both map a file in place (f32) NumPy steps faster (~1.0x its floor, torch ~1.8x), so
+#: the tie goes to NumPy; selection prefers torch where it holds fewer bytes or copies fewer
+#: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster.
 CPU_PRIORITY = 90
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -61,6 +61,8 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         kv_cache_dtype=kv_cache_dtype, kv_cache_storage_dtype=kv_cache_storage_dtype,
         supported_kv_cache_dtypes=CACHE_DTYPES,
         compute_dtype=compute_dtype, native_weight_types=NATIVE_WEIGHT_TYPES,
+        # on the CPU the stored types are torch views of the memory map; CUDA copies them
+        mapped_weight_types=frozenset() if on_cuda else NATIVE_WEIGHT_TYPES,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE)
 
 

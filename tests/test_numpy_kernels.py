@@ -1,5 +1,5 @@
-"""The NumPy backend's Q8_0 kernels (numba), its fallback without them, its float32-held F16
-KV cache, its incremental Fast-AR and its memory after load."""
+"""The NumPy backend's numba kernels (F16 and Q8_0 computed as stored), its fallback without
+them, its float32-held F16 KV cache, its incremental Fast-AR and its memory after load."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def q8_tensor(n_out: int, n_in: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
     return raw, gguf.quants.dequantize(raw, QT.Q8_0).astype(np.float32)
 
 
+def f16_tensor(n_out: int, n_in: int, seed: int = 0) -> np.ndarray:
+    """float16 weights with zeros, float16 subnormals and negative zero among them."""
+    w = (np.random.default_rng(seed).standard_normal((n_out, n_in)) * 0.05).astype(np.float16)
+    w.flat[:4] = [0.0, -0.0, 6e-8, -3e-6]  # zeros and subnormals: the exact-widening edge
+    return w
+
+
 def block_matrices(blk: BlockWeights) -> list:
     return [blk.wqkv, blk.wo, blk.w1, blk.w3, blk.w2]
 
@@ -65,6 +72,40 @@ def test_kernels_equal_a_float64_product(n_out, n_in, n_rows):
 
 
 @numba_only
+@pytest.mark.parametrize("n_rows", [1, 3, 7, 8, 33])
+@pytest.mark.parametrize("n_out,n_in", [(100, 96), (64, 32), (200, 320)])
+def test_f16_kernels_equal_a_float64_product(n_out, n_in, n_rows):
+    from s2core_numpy import f16
+    w = f16_tensor(n_out, n_in)
+    m = f16.F16Matrix.from_raw(w)
+    assert m.shape == (n_out, n_in) and m.codes.dtype == np.uint16
+    x = np.random.default_rng(1).standard_normal((n_rows, n_in), dtype=np.float32)
+    out = m(x)
+    assert out.shape == (n_rows, n_out) and out.dtype == np.float32
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert rel_err(out, ref) < 2e-6
+    for r in range(n_rows):
+        assert rel_err(out[r], ref[r]) < 2e-6
+
+
+@numba_only
+def test_f16_widening_is_exact_for_every_finite_value():
+    """All 63,488 finite float16 values (zeros, subnormals, normals, both signs) come out of
+    the kernels' bit widening as numpy's float32 of them, bit for bit; a tensor holding an
+    infinity or NaN is not packed (the widening would make it finite)."""
+    from s2core_numpy import f16
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = every[np.isfinite(every)].reshape(-1, 64)  # 992 rows of 64
+    m = f16.F16Matrix.from_raw(finite)
+    np.testing.assert_array_equal(m.dequantize().view(np.uint32),
+                                  finite.astype(np.float32).view(np.uint32))
+    for bad in (np.inf, -np.inf, np.nan):
+        w = f16_tensor(70, 32)
+        w[69, 31] = bad
+        assert f16.F16Matrix.from_raw(w) is None
+
+
+@numba_only
 def test_row_lookup_is_exactly_gguf_dequantization():
     from s2core_numpy import q8_0
     raw, w = q8_tensor(130, 64, seed=2)
@@ -76,27 +117,47 @@ def test_row_lookup_is_exactly_gguf_dequantization():
 
 # ------------------------------------------------------------------------------ backend
 @numba_only
-def test_backend_keeps_q8_0_native():
-    m = s2core.load(kit_model("gqa4", "q8_0"), backend="numpy")
+@pytest.mark.parametrize("weight_type,storage", [("q8_0", np.int8), ("f16", np.uint16)])
+def test_backend_keeps_f16_and_q8_0_native(weight_type, storage):
+    m = s2core.load(kit_model("gqa4", weight_type), backend="numpy")
     b = m.backend
-    assert "q8_0" in m.capabilities.native_weight_types
-    from s2core_numpy.q8_0 import Q8Matrix
+    assert weight_type in m.capabilities.native_weight_types
+    from s2core_numpy.tiled import TiledMatrix
     mats = [b.embeddings, b.fast.embeddings, b.fast.output]
     for blk in b.layers + b.fast.layers:
         mats += block_matrices(blk)
-    for w in mats:  # int8 codes only: no float32 copy of a Q8_0 matrix is held
-        assert isinstance(w, Q8Matrix) and w.codes.dtype == np.int8
+    for w in mats:  # the file's type only: no float32 copy of such a matrix is held
+        assert isinstance(w, TiledMatrix) and w.codes.dtype == storage
     m.close()
 
 
-def test_fallback_widens_q8_0(monkeypatch):
+@numba_only
+def test_f16_tensor_with_an_infinity_is_widened_and_still_computed(tmp_path):
+    """An F16 file whose wo holds an infinity: that tensor falls back to float32 (where the
+    infinity stays one), the others stay packed."""
+    hp = tiny_hparams()
+    path = write_model(tmp_path / "inf.gguf", hp, "f16").path
+    r = gguf.GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name == "layers.0.attention.wo.weight")
+    t.data.reshape(-1)[7] = np.inf
+    del r
+    m = s2core.load(path, backend="numpy")
+    b = m.backend
+    assert isinstance(b.layers[0].wo, np.ndarray) and np.isinf(b.layers[0].wo).sum() == 1
+    from s2core_numpy.tiled import TiledMatrix
+    assert isinstance(b.layers[0].wqkv, TiledMatrix)
+    m.close()
+
+
+@pytest.mark.parametrize("weight_type", ["q8_0", "f16"])
+def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
     """Without the kernels (option, or the module switch standing in for a missing numba)
-    Q8_0 is widened to float32 and gives the same numbers."""
+    F16 and Q8_0 are widened to float32 and give the same numbers."""
     prompt = mixed_prompt(tiny_hparams(), 12, np.random.default_rng(0))
     frame = semantic_frame(tiny_hparams(), np.random.default_rng(1))
-    path = kit_model("gqa4", "q8_0")
+    path = kit_model("gqa4", weight_type)
     outs = []
-    for options in ({"native_q8_0": False}, {}):
+    for options in ({"numba_kernels": False}, {}):
         if not options:
             monkeypatch.setattr(weights, "USE_NUMBA", False)
         m = s2core.load(path, backend="numpy", **options)
@@ -108,7 +169,7 @@ def test_fallback_widens_q8_0(monkeypatch):
         outs.append((m.step(frame).logits, m.fast_decode(np.ones(64, np.float32), [1, 2])))
         m.close()
     with pytest.raises(InvalidInputError, match="needs numba"):
-        s2core.load(path, backend="numpy", native_q8_0=True)  # USE_NUMBA is still off
+        s2core.load(path, backend="numpy", numba_kernels=True)  # USE_NUMBA is still off
     monkeypatch.setattr(weights, "USE_NUMBA", True)
     if plugin.numba_available():
         m = s2core.load(path, backend="numpy")
@@ -119,11 +180,11 @@ def test_fallback_widens_q8_0(monkeypatch):
             assert rel_err(a, b) < 1e-5
 
 
-def test_probe_declares_q8_0_only_with_numba_and_never_imports_it(monkeypatch):
+def test_probe_declares_f16_and_q8_0_only_with_numba_and_never_imports_it(monkeypatch):
     monkeypatch.setattr(plugin, "numba_available", lambda: False)
     assert plugin.probe().capabilities.native_weight_types == {"f32"}
     monkeypatch.setattr(plugin, "numba_available", lambda: True)
-    assert plugin.probe().capabilities.native_weight_types == {"f32", "q8_0"}
+    assert plugin.probe().capabilities.native_weight_types == {"f32", "f16", "q8_0"}
     code = ("import sys, s2core; s2core.get_registry().list(); "
             "print('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -131,7 +192,7 @@ def test_probe_declares_q8_0_only_with_numba_and_never_imports_it(monkeypatch):
 
 
 class TestNumpyWithoutNumba(BackendConformance):
-    """The whole conformance matrix on the fallback path (Q8_0 widened)."""
+    """The whole conformance matrix on the fallback path (F16 and Q8_0 widened)."""
 
     @pytest.fixture
     def backend(self):
@@ -139,7 +200,7 @@ class TestNumpyWithoutNumba(BackendConformance):
 
     @pytest.fixture
     def backend_options(self):
-        return {"native_q8_0": False}
+        return {"numba_kernels": False}
 
 
 # ------------------------------------------------------------------------------ KV cache
@@ -173,7 +234,7 @@ def test_f16_cache_is_held_in_float32_with_f16_values():
 
 
 # ------------------------------------------------------------------------------ Fast-AR
-@pytest.mark.parametrize("weight_type", ["f32", "q8_0"])
+@pytest.mark.parametrize("weight_type", ["f32", "f16", "q8_0"])
 def test_incremental_fast_ar_equals_recomputing(weight_type):
     m = s2core.load(kit_model("gqa4", weight_type), backend="numpy")
     b, hp = m.backend, m.hparams
@@ -224,15 +285,20 @@ def test_load_holds_about_the_expected_bytes(mid_models, weight_type):
     psutil = pytest.importorskip("psutil")
     written = mid_models[weight_type]
     mf = s2core.gguf_file.ModelFile(written.path)
-    native = weight_type == "q8_0" and plugin.numba_available()
+    native = plugin.numba_available()
     held = 0
     for t in mf.model_tensors():
         if t.name == "codebook_embeddings.weight" or t.type == QT.F32:
             continue  # gathered from / used in the map
-        held += t.n_bytes * 36 // 34 if native and t.type == QT.Q8_0 else 4 * t.n_elements
+        if native and t.type == QT.Q8_0:
+            held += t.n_bytes * 36 // 34
+        elif native and t.type == QT.F16:
+            held += t.n_bytes
+        else:
+            held += 4 * t.n_elements
     mf.close()
     if native:
-        s2core.load(kit_model("gqa4", "q8_0"), backend="numpy").close()  # numba warmed up
+        s2core.load(kit_model("gqa4", weight_type), backend="numpy").close()  # numba warmed up
     anon0, file0 = _rss()
     rss0 = psutil.Process().memory_info().rss
     m = s2core.load(written.path, backend="numpy")

@@ -1,0 +1,127 @@
+"""Weight matrices kept in their file type and multiplied by numba kernels: the shared part.
+
+Why: a decode step reads every weight once, so its time follows the bytes read. Widened to
+float32, an F16 file streams 4 bytes a weight instead of 2, a Q8_0 file 4 instead of 1.125.
+The kernels widen each weight in registers as they go, and compute what the float32 path
+computes: float32 activations times the stored weights, accumulated in float32.
+
+Layout. A row-major GEMV (one output per row, a reduction along the row) of narrow types
+streams at only ~12 GB/s here: each row's dot product ends in a horizontal sum and the loads
+are narrow. Tiling fixes both: TILE consecutive output rows are stored interleaved, as
+(n_tiles, in_features, TILE), so a tile's data is contiguous and the innermost loop runs over
+TILE independent outputs (pure vector FMAs, no horizontal sums). TILE = 64 streams at
+24-28 GB/s on Zen 4; 16 and 32 are 2-3x slower, 128 is no better. Output counts that are not a
+multiple of TILE are padded with zero rows.
+
+Products of several rows (prefill) take one of two paths, switched at GEMM_ROWS:
+- few rows: the tile is read once from memory and every row is computed from it while it
+  sits in L2 (the type's `_matmul` kernel);
+- many rows: the whole matrix is decoded to float32 W^T in a reused buffer and multiplied by
+  BLAS sgemm, which is far faster per row.
+
+Modules that import this one import numba; the backend imports them only when numba is there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+# numba's threads are OpenMP's (GNU libgomp, read when numba starts them). Idle, they spin for
+# GOMP's default 300,000 rounds (several ms) after every kernel, on the cores that the BLAS
+# sgemm of the next product needs: a 256-row prefill product took 86 ms instead of 74. A
+# short spin keeps kernels launched back to back (a decode step) just as fast. The user's own
+# OpenMP settings win.
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
+
+import numpy as np  # noqa: E402
+
+#: output rows per tile (see above)
+TILE = 64
+#: at or above this many rows, decode to float32 and use sgemm. Measured on 9728 x 2560: for
+#: Q8_0 the crossover is near 32 rows; for F16 the two paths take the same time from 24 to 40
+GEMM_ROWS = 32
+
+_local = threading.local()
+
+
+def _scratch(n_rows: int, n_cols: int) -> np.ndarray:
+    """A float32 (n_rows, n_cols) buffer reused by this thread's multi-row products: the
+    biggest decoded matrix (100 MB for S2 Pro's 9728 x 2560), allocated once, so a prefill
+    does not page-fault in a fresh copy per product."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < n_rows * n_cols:
+        buf = _local.buf = np.empty(n_rows * n_cols, np.float32)
+    return buf[:n_rows * n_cols].reshape(n_rows, n_cols)
+
+
+def free_scratch() -> None:
+    """Drop this thread's buffer (its memory returns to the OS)."""
+    _local.buf = None
+
+
+def n_tiles(n_out: int) -> int:
+    return -(-n_out // TILE)
+
+
+class TiledMatrix:
+    """A [out, in] matrix in the tiled layout; `m(x)` is x @ W^T for x (n, in) float32.
+    Subclasses hold the type's data and supply its four kernels."""
+
+    def __init__(self, codes: np.ndarray, n_out: int):
+        self.codes = codes      # (n_tiles, in, TILE), the type's storage
+        self.n_out = n_out      # real rows; the last tile may be padded
+
+    # the type's kernels -------------------------------------------------------------
+    def _matvec(self, x: np.ndarray, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _decode_transposed(self, w_t: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    # shared -------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_out, self.codes.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x (n, in) float32 -> (n, out) float32."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n = x.shape[0]
+        padded = self.codes.shape[0] * TILE
+        out = np.empty((n, padded), np.float32)
+        if n == 1:
+            self._matvec(x[0], out[0])
+        elif n < GEMM_ROWS:
+            self._matmul(x, out)
+        else:
+            # The whole matrix at once: one numba region and one sgemm. Slabs that stay in
+            # cache would save the float32 round trip through memory (~6 ms of ~70 for
+            # 9728 x 2560 x 256 rows), but every switch between numba's threads and BLAS's
+            # costs more.
+            w_t = _scratch(self.codes.shape[1], padded)
+            self._decode_transposed(w_t)
+            np.matmul(x, w_t, out=out)
+        return out if padded == self.n_out else out[:, :self.n_out]
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` as float32 (n, in): a lookup table decodes only what it gathers."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty((ids.shape[0], self.codes.shape[1]), np.float32)
+        self._gather(ids, out)
+        return out
+
+    def dequantize(self) -> np.ndarray:
+        """The whole matrix as float32 (O, I) (tests and debugging)."""
+        return self.rows(np.arange(self.n_out))
