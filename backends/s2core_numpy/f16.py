@@ -32,6 +32,14 @@ def _bits(h):
     return ((h & _SIGN) << np.uint32(16)) | ((h & _MAGNITUDE) << np.uint32(13))
 
 
+@njit(inline="always")
+def _tile_row(codes, t, i, bits):
+    """Weights [t, i, :] of a tile as float32 * 2^-112 (a view of `bits`, uint32 (TILE,))."""
+    for j in range(bits.shape[0]):
+        bits[j] = _bits(codes[t, i, j])
+    return bits.view(np.float32)
+
+
 # ---------------------------------------------------------------------------------- kernels
 # As in q8_0.py: the innermost loops run over the TILE outputs of a tile, so LLVM vectorizes
 # them; parallel=True splits tiles among numba's threads; cache=True keeps compiled code.
@@ -62,9 +70,7 @@ def _matvec_tiles(codes, x, out):
         bits = np.empty(tile, np.uint32)
         for i in range(n_in):
             xi = x[i]
-            for j in range(tile):
-                bits[j] = _bits(codes[t, i, j])
-            w = bits.view(np.float32)
+            w = _tile_row(codes, t, i, bits)
             for j in range(tile):
                 acc[j] += (w[j] * _UNSCALE) * xi
         for j in range(tile):
@@ -81,9 +87,7 @@ def _matmul_tiles(codes, x, out):
         acc = np.zeros((n, tile), np.float32)
         bits = np.empty(tile, np.uint32)
         for i in range(n_in):
-            for j in range(tile):
-                bits[j] = _bits(codes[t, i, j])
-            w = bits.view(np.float32)
+            w = _tile_row(codes, t, i, bits)
             for r in range(n):
                 xi = x[r, i]
                 for j in range(tile):
@@ -100,9 +104,7 @@ def _decode_transposed(codes, w_t):
     for i in prange(n_in):
         bits = np.empty(tile, np.uint32)
         for t in range(n_tiles):
-            for j in range(tile):
-                bits[j] = _bits(codes[t, i, j])
-            w = bits.view(np.float32)
+            w = _tile_row(codes, t, i, bits)
             for j in range(tile):
                 w_t[i, t * tile + j] = w[j] * _UNSCALE
 
