@@ -11,7 +11,9 @@ import pytest
 import s2core
 from s2core.plugin import ENTRY_POINT_GROUP
 from s2core.registry import Registry
-from s2core_mlx import plugin
+
+plugin = pytest.importorskip("s2core_mlx.plugin", reason="the s2core-mlx plugin is not installed "
+                             "(pip install ./plugins/s2core-mlx)")
 
 EXPECTED_SOURCE = "entry point mlx = s2core_mlx.plugin"
 
