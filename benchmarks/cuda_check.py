@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_timing(args: argparse.Namespace, dtypes: list[str], result: dict) -> None:
-    from s2core.testing.writer import s2pro_hparams, write_model
+    from s2core.embedded.writer import s2pro_hparams, write_model
 
     hp = s2pro_hparams(n_layer=args.layers)
     with tempfile.TemporaryDirectory(prefix="s2core-cuda-check-") as tmp:

@@ -18,9 +18,9 @@ import s2core
 from .generation import GenerationConfig, GenerationStats, generate
 from .hparams import Hparams
 from .progress import Progress
-from .testing.model_cache import cached_model, model_path
+from .embedded.cache import cached_model, model_path
 from .testing.prompts import semantic_frame, text_ids
-from .testing.writer import demo_hparams
+from .embedded.writer import demo_hparams
 
 #: the demo model's <|im_end|>: a text id (outside the semantic range)
 DEMO_IM_END_ID = 8190

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from s2core.testing.writer import tiny_hparams, write_model
+from s2core.embedded.writer import tiny_hparams, write_model
 
 DATA = Path(__file__).parent / "data"
 S2CPP_VECTOR = DATA / "s2cpp_vector"

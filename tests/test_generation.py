@@ -9,7 +9,7 @@ import s2core
 from s2core.errors import InvalidInputError
 from s2core.generation import GenerationConfig, GenerationStats, Sampling, generate
 from s2core.testing.prompts import mixed_prompt
-from s2core.testing.writer import tiny_hparams
+from s2core.embedded.writer import tiny_hparams
 
 
 def test_greedy_is_argmax_within_allowed_ids():

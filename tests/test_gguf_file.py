@@ -12,7 +12,7 @@ import pytest
 from s2core import ModelFile, ModelFileError
 from s2core.hparams import GGUFKeyWarning
 from s2core.layout import expected_tensors
-from s2core.testing.writer import _add_metadata, random_weight, tiny_hparams, write_model
+from s2core.embedded.writer import _add_metadata, random_weight, tiny_hparams, write_model
 
 
 def write_custom(path, hp, tensors: dict, skip_keys=(), arch=None):

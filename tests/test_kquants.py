@@ -1,4 +1,4 @@
-"""Tests for s2core.testing.kquants: numpy quantizer for the GGML K-quants.
+"""Tests for s2core.embedded.kquants: numpy quantizer for the GGML K-quants.
 
 Everything is checked through gguf's own decoder (gguf.quants.dequantize),
 so a wrong bit layout shows up as a large reconstruction error.
@@ -12,7 +12,7 @@ import pytest
 import gguf
 from gguf.quants import dequantize, quant_shape_to_byte_shape
 
-from s2core.testing.kquants import quantize_k
+from s2core.embedded.kquants import quantize_k
 
 T = gguf.GGMLQuantizationType
 

@@ -19,7 +19,7 @@ from s2core.kit import BackendConformance
 from s2core.kit.models import kit_model
 from s2core.memory import backend_kv_cache_bytes
 from s2core.testing.prompts import mixed_prompt, semantic_frame
-from s2core.testing.writer import tiny_hparams, write_model
+from s2core.embedded.writer import tiny_hparams, write_model
 from s2core_numpy import plugin, weights
 from s2core_numpy.backend import BlockWeights
 

@@ -11,7 +11,7 @@ from s2core.backend import Capabilities
 from s2core.gguf_file import ModelFile
 from s2core.registry import BackendInfo
 from s2core.selection import choose_backend
-from s2core.testing.writer import tiny_hparams, write_model
+from s2core.embedded.writer import tiny_hparams, write_model
 
 
 def row(name, priority, native, widened="f32", available=True, accelerator=False):

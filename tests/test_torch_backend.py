@@ -25,7 +25,7 @@ from s2core.kit.conformance import prompt_and_frames, rel_err  # noqa: E402
 from s2core.kit.models import kit_model, kit_reference  # noqa: E402
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance  # noqa: E402
 from s2core.testing.prompts import semantic_frame  # noqa: E402
-from s2core.testing.writer import tiny_hparams, write_model  # noqa: E402
+from s2core.embedded.writer import tiny_hparams, write_model  # noqa: E402
 from s2core_torch import ops, plugin, weights  # noqa: E402
 
 CPU = {"device": "cpu"}

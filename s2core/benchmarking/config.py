@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hparams import Hparams
-from ..testing.writer import s2pro_hparams, tiny_hparams
+from ..embedded.writer import s2pro_hparams, tiny_hparams
 
 DEFAULT_TYPES = ("f32", "f16", "q8_0")
 DEFAULT_OUT = Path("benchmarks") / "results"

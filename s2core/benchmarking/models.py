@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..gguf_file import ModelFile
 from ..hparams import Hparams
-from ..testing.model_cache import cache_dir, cached_model
+from ..embedded.cache import cache_dir, cached_model
 from .workload import ModelAccount, account
 
 READ_CHUNK = 64 << 20

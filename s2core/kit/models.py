@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..gguf_file import ModelFile
 from ..hparams import FastHparams, Hparams
-from ..testing.writer import tiny_hparams, write_model
+from ..embedded.writer import tiny_hparams, write_model
 from .reference import Reference
 
 CONFIGS: dict[str, Hparams] = {

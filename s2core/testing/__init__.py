@@ -1,8 +1,3 @@
-"""Test-model tools: a GGUF writer in s2.cpp's exact layout and a cache of written models."""
+"""Inputs for tests and benchmarks: prompts that mix text and semantic positions.
 
-from .model_cache import cache_dir, cached_model
-from .writer import (WEIGHT_TYPES, WrittenModel, demo_hparams, random_weight, s2pro_hparams,
-                     tiny_hparams, write_model)
-
-__all__ = ["WEIGHT_TYPES", "WrittenModel", "cache_dir", "cached_model", "demo_hparams", "random_weight",
-           "s2pro_hparams", "tiny_hparams", "write_model"]
+The model and codec writers live in `s2core.embedded` (the demo uses them too)."""

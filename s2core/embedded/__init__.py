@@ -1,0 +1,11 @@
+"""The embedded default assets: random-weight models in s2.cpp's exact GGUF layout, written by
+the package itself (weights cannot be downloaded here), and the cache that keeps them.
+
+The demo, the conformance kit, the benchmarks and the tests all use these writers."""
+
+from .cache import cache_dir, cached_model
+from .writer import (WEIGHT_TYPES, WrittenModel, demo_hparams, random_weight, s2pro_hparams,
+                     tiny_hparams, write_model)
+
+__all__ = ["WEIGHT_TYPES", "WrittenModel", "cache_dir", "cached_model", "demo_hparams", "random_weight",
+           "s2pro_hparams", "tiny_hparams", "write_model"]
