@@ -43,7 +43,7 @@ def test_missing_file_and_not_gguf(tmp_path):
         ModelFile(tmp_path / "nope.gguf")
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"definitely not a gguf file" * 10)
-    with pytest.raises(ModelFileError, match="not a readable GGUF"):
+    with pytest.raises(ModelFileError, match="is not a GGUF file"):
         ModelFile(junk)
 
 
