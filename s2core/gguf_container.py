@@ -46,6 +46,8 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32  # GGUF's default when general.alignment is absent
 MAX_DIMS = 4            # GGML_MAX_DIMS
+#: a tensor larger than this cannot be a real file cut short: its size field is broken
+_PLAUSIBLE_BYTES = 1 << 48
 
 #: fixed-size scalar value types: struct format
 _SCALAR_FORMATS = {
@@ -306,7 +308,7 @@ class GGUFFile:
         return name, qtype, tuple(reversed(ne)), n_bytes, offset
 
     def _place_tensors(self, infos: list) -> dict[str, GGUFTensor]:
-        """Offsets aligned, no two tensors sharing a byte, all inside the data section."""
+        """Offsets aligned, all inside the data section, no two tensors sharing a byte."""
         path, data_size = self.path, self.file_size - self.data_offset
         tensors: dict[str, GGUFTensor] = {}
         for name, qtype, shape, n_bytes, offset in infos:
@@ -319,13 +321,6 @@ class GGUFFile:
                                      f"{self.alignment}", check="tensor_offset")
             tensors[name] = GGUFTensor(name, qtype, shape, n_bytes, offset)
         ordered = sorted(tensors.values(), key=lambda t: (t.offset, t.n_bytes))
-        nonempty = [t for t in ordered if t.n_bytes]
-        for before, after in zip(nonempty, nonempty[1:]):
-            if after.offset < before.offset + before.n_bytes:
-                raise ModelFileError(
-                    f"{path}: tensors {_short(before.name)} (data bytes [{before.offset}, "
-                    f"{before.offset + before.n_bytes})) and {_short(after.name)} (from byte "
-                    f"{after.offset}) overlap", check="tensor_overlap")
         for t in ordered:
             end = t.offset + t.n_bytes
             if end <= data_size:
@@ -333,12 +328,19 @@ class GGUFFile:
             # In offset order, a file cut short leaves the first missing tensor starting where
             # the data ends (or within one alignment of it); one that starts further out has a
             # bad offset (or a size no file could hold).
-            cut = t.offset <= data_size + self.alignment
+            cut = t.offset <= data_size + self.alignment and t.n_bytes <= _PLAUSIBLE_BYTES
             raise ModelFileError(
                 f"{path}: {'truncated: ' if cut else ''}tensor {_short(t.name)} ({t.type.name}, "
                 f"shape {t.shape}) needs data bytes [{t.offset}, {end}) but the data section "
                 f"holds {data_size} bytes (the file ends at byte {self.file_size})",
                 check="truncated" if cut else "tensor_offset")
+        nonempty = [t for t in ordered if t.n_bytes]
+        for before, after in zip(nonempty, nonempty[1:]):
+            if after.offset < before.offset + before.n_bytes:
+                raise ModelFileError(
+                    f"{path}: tensors {_short(before.name)} (data bytes [{before.offset}, "
+                    f"{before.offset + before.n_bytes})) and {_short(after.name)} (from byte "
+                    f"{after.offset}) overlap", check="tensor_overlap")
         return {name: GGUFTensor(t.name, t.type, t.shape, t.n_bytes, self.data_offset + t.offset)
                 for name, t in tensors.items()}
 
