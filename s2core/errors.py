@@ -39,6 +39,7 @@ class ModelFileError(S2CoreError, ValueError):
     def __init__(self, message: str, check: str = "model_file"):
         super().__init__(f"[{check}] {message}")
         self.check = check
+        self.message = message
 
 
 class BackendUnavailableError(S2CoreError, RuntimeError):

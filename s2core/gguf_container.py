@@ -379,8 +379,7 @@ class GGUFFile:
             shown = "" if entry.type == VT.ARRAY else f" ({_short(self._display(entry))})"
             raise ModelFileError(
                 f"{self.path}: metadata {_short(key)} is stored as {entry.type_name}{shown}; "
-                f"expected {' or '.join(sorted(t.name for t in accepted))}",
-                check="metadata_type")
+                f"expected {_type_words(accepted)}", check="metadata_type")
         if kind is str:
             return _decode(entry.value, f"{self.path}: the value of {_short(key)}")
         if kind is float:
@@ -499,6 +498,14 @@ def _value_type(raw: int, path: Path, key: str) -> VT:
     except ValueError:
         raise ModelFileError(f"{path}: metadata {_short(key)} has unknown value type {raw}",
                              check="metadata_type") from None
+
+
+def _type_words(accepted: set[VT] | frozenset[VT]) -> str:
+    if accepted == INTEGER_TYPES:
+        return "an integer type (UINT8 .. INT64)"
+    if accepted == INTEGER_TYPES | FLOAT_TYPES:
+        return "a number (an integer or float type)"
+    return " or ".join(sorted(t.name for t in accepted))
 
 
 def _decode(data: bytes, what: str) -> str:

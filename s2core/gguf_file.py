@@ -81,7 +81,7 @@ class ModelFile:
             self.path = self.container.path
             self._tensors: dict[str, GGUFTensor] = self.container.tensors
             self.metadata = self.container.scalar_metadata()
-            self.hparams = Hparams.from_gguf(self.container, self._shape_or_none)
+            self.hparams = self._read_hparams()
             self._check_layer_count()
             self._check_tensors()
         except BaseException:
@@ -89,6 +89,14 @@ class ModelFile:
             raise
 
     # ------------------------------------------------------------------ checks
+    def _read_hparams(self) -> Hparams:
+        try:
+            return Hparams.from_gguf(self.container, self._shape_or_none)
+        except ModelFileError as exc:
+            if exc.message.startswith(str(self.path)):
+                raise
+            raise ModelFileError(f"{self.path}: {exc.message}", exc.check) from None
+
     def _shape_or_none(self, name: str) -> tuple[int, ...] | None:
         t = self._tensors.get(name)
         return None if t is None else t.shape
