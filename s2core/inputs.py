@@ -199,6 +199,11 @@ def hidden_state(hidden: Any, hp: Hparams) -> Any:
         f"backend's own result), got {type(hidden).__name__}")
 
 
+def check_hidden(hidden: Any, hp: Hparams) -> None:
+    """hidden_state's checks alone (for callers that convert the input themselves)."""
+    hidden_state(hidden, hp)
+
+
 def _check_hidden_shape(shape: Any, hp: Hparams) -> None:
     shape = tuple(shape)
     if shape != (hp.dim,):

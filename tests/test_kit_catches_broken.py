@@ -37,6 +37,7 @@ EXPECTED = {
     "broken_half_declared": ("declared_compute_dtype_holds", COMPUTE_DTYPE_HOLDS),
     "broken_f32_declared_half_results": ("declared_compute_dtype_holds", COMPUTE_DTYPE_HOLDS),
     "broken_option_not_taken": ("options_declared_and_checked", OPTIONS_DECLARED),
+    "broken_option_undeclared": ("options_declared_and_checked", OPTIONS_DECLARED),
     "broken_option_ignored": ("options_declared_and_checked", OPTIONS_DECLARED),
     "broken_option_accepts_anything": ("options_declared_and_checked", OPTIONS_DECLARED),
 }

@@ -43,8 +43,8 @@ RULES = {
                        "would round",
     COMPUTE_DTYPE_HOLDS: "the measured error fits the declared compute_dtype: within its bound, "
                          "and beyond f32's when a half type is declared",
-    OPTIONS_DECLARED: "load() options are the declared ones (the class's keywords, same "
-                      "defaults); unknown names and undeclared values are refused; each declared "
+    OPTIONS_DECLARED: "load() options are the declared ones (exactly the class's keywords, "
+                      "same defaults); unknown names and undeclared values are refused; each declared "
                       "choice loads, and kv_cache_dtype=X gives a backend declaring X",
     FAST_AR_OWN_HPARAMS: "the Fast-AR runs with its own RoPE base, eps and head counts",
 }
@@ -229,6 +229,13 @@ class ContractRules:
                         lambda: open_model("gqa4", "f32", s2core_kit_no_such_option=1))
         params = inspect.signature(registry.backend_class(backend).__init__).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        keywords = [n for n, p in list(params.items())[2:]  # after self and model_file
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        undeclared = sorted(set(keywords) - {o.name for o in declared})
+        if undeclared:
+            fail(OPTIONS_DECLARED, f"{registry.info(backend).backend_class} takes "
+                 f"{', '.join(undeclared)} but its BackendSpec does not declare "
+                 f"{'it' if len(undeclared) == 1 else 'them'}: load() refuses undeclared options")
         for opt in declared:
             if not takes_any and opt.name not in params:
                 fail(OPTIONS_DECLARED, f"option {opt.name!r} is declared but "

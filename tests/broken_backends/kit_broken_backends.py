@@ -135,6 +135,13 @@ class IgnoresKvCacheDtype(ExampleBackend):
         super().__init__(model_file)
 
 
+class TakesUndeclaredOption(ExampleBackend):
+    """Takes a `threads` keyword that its spec never declares (so load() refuses it)."""
+
+    def __init__(self, model_file, kv_cache_dtype="f32", threads=1):
+        super().__init__(model_file, kv_cache_dtype)
+
+
 F16_DECLARED = dataclasses.replace(CAPABILITIES, kv_cache_dtype="f16",
                                    supported_kv_cache_dtypes=("f16",))
 HALF_DECLARED = dataclasses.replace(CAPABILITIES, compute_dtype="f16")

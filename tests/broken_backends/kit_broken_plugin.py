@@ -34,6 +34,8 @@ def s2core_backends():
         # declares an option the class does not take
         spec("option_not_taken", "ExampleBackend",
              options=F32_ONLY + (Option("threads", choices=(1, 2), default=1),)),
+        # the class takes a keyword the spec does not declare
+        spec("option_undeclared", "TakesUndeclaredOption"),
         # declares f16 too, and the class takes it without acting on it
         spec("option_ignored", "IgnoresKvCacheDtype",
              options=(Option("kv_cache_dtype", choices=("f32", "f16"), default="f32"),)),
