@@ -12,9 +12,6 @@ backend that needs it is chosen.
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 from .backend import Backend, Capabilities
 from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInitializedError,
                      CacheOverflowError, InvalidInputError, InvalidTokensError, ModelFileError,
@@ -22,9 +19,9 @@ from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInit
 from .gguf_file import ModelFile
 from .hparams import FastHparams, Hparams
 from .inputs import EvalBatch
+from .loading import default_backend, load
 from .model import Result, SlowARModel
-from .registry import ENV_BACKEND, BackendInfo, get_registry
-from .selection import choose_backend
+from .registry import BackendInfo, get_registry
 
 __version__ = "0.1.0"
 
@@ -41,25 +38,3 @@ def list_backends() -> list[BackendInfo]:
     """Every registered backend (best first): name, priority, available or not and why,
     capabilities. Plugins that failed to load are listed last with their reason."""
     return get_registry().list()
-
-
-def default_backend() -> str:
-    """The name `load()` uses when none is given: $S2CORE_BACKEND if set, else the
-    available backend of highest priority."""
-    return get_registry().default()
-
-
-def load(path: str | os.PathLike, backend: str | None = None, **options: Any) -> SlowARModel:
-    """Open a GGUF model file on a backend and return the model object.
-
-    backend=None: $S2CORE_BACKEND if set, else the best backend for this file
-    (`s2core.selection`). `options` go to the backend (for example device="cuda:0",
-    kv_cache_dtype="f32").
-    """
-    registry = get_registry()
-    model_file = ModelFile(path)
-    if backend is None:
-        backend = (registry.default() if os.environ.get(ENV_BACKEND, "").strip()
-                   else choose_backend(registry.list(), model_file))
-    backend_cls = registry.backend_class(backend)
-    return SlowARModel(model_file, backend_cls(model_file, **options))

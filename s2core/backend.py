@@ -9,17 +9,22 @@ in one frozen `Capabilities` object, which is all the core's policies ever read 
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from .errors import InvalidInputError
 from .gguf_file import ModelFile
 from .inputs import EvalBatch
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
+COMPUTE_DTYPES = ("f32", "f16", "bf16")
+#: every GGUF tensor type's lower-case name ("f16", "q8_0", "q4_k", ...)
+GGUF_TYPE_NAMES = frozenset(t.name.lower() for t in GGMLQuantizationType)
 
 
 @dataclass(frozen=True)
@@ -54,9 +59,68 @@ class Capabilities:
     mapped_weight_types: frozenset[str] = frozenset()
 
     def __post_init__(self):
-        for value in (self.kv_cache_dtype, self.kv_cache_storage_dtype or self.kv_cache_dtype):
-            if value not in CACHE_DTYPES:
-                raise ValueError(f"KV cache type {value!r} not in {CACHE_DTYPES}")
+        # Sets and lists where frozensets and tuples are meant are taken as such.
+        for name in ("native_weight_types", "mapped_weight_types"):
+            value = getattr(self, name)
+            if isinstance(value, (set, list, tuple)):
+                object.__setattr__(self, name, frozenset(value))
+        for name in ("supported_kv_cache_dtypes", "native_weight_overhead"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        problems = self.problems()
+        if problems:
+            raise InvalidInputError("capabilities", "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every field of the wrong type or outside its known values (empty when valid): the
+        core's policies and the kit's bounds index tables by these strings."""
+        p = []
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def names(v: Any) -> bool:
+            return isinstance(v, frozenset) and all(isinstance(x, str) for x in v)
+
+        if not (isinstance(self.device, str) and self.device):
+            p.append(f"device={self.device!r} is not a non-empty string")
+        for flag in ("accelerator", "requires_single_token_semantic_prefill"):
+            if not isinstance(getattr(self, flag), bool):
+                p.append(f"{flag}={getattr(self, flag)!r} is not a bool")
+        n = self.n_accelerated_layers
+        if not (n is None or (is_int(n) and n >= 0)):
+            p.append(f"n_accelerated_layers={n!r} is not None or an int >= 0")
+        for name, allowed in (("kv_cache_dtype", CACHE_DTYPES), ("compute_dtype", COMPUTE_DTYPES),
+                              ("widened_weight_dtype", COMPUTE_DTYPES)):
+            if getattr(self, name) not in allowed:
+                p.append(f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        if self.kv_cache_storage_dtype not in (None, *CACHE_DTYPES):
+            p.append(f"kv_cache_storage_dtype={self.kv_cache_storage_dtype!r} is not None or "
+                     f"one of {CACHE_DTYPES}")
+        supported = self.supported_kv_cache_dtypes
+        if not (isinstance(supported, tuple) and supported
+                and all(d in CACHE_DTYPES for d in supported)):
+            p.append(f"supported_kv_cache_dtypes={supported!r} is not a non-empty tuple of "
+                     f"{CACHE_DTYPES}")
+        elif self.kv_cache_dtype not in supported:
+            p.append(f"kv_cache_dtype={self.kv_cache_dtype!r} is not among the supported "
+                     f"{supported}")
+        for name in ("native_weight_types", "mapped_weight_types"):
+            value = getattr(self, name)
+            if not names(value) or not value <= GGUF_TYPE_NAMES:
+                p.append(f"{name}={value!r} is not a set of GGUF type names (f32, q8_0, ...)")
+        if names(self.mapped_weight_types) and names(self.native_weight_types) \
+                and not self.mapped_weight_types <= self.native_weight_types:
+            p.append("mapped_weight_types are not all native_weight_types")
+        overhead = self.native_weight_overhead
+        if not (isinstance(overhead, tuple) and all(
+                isinstance(e, tuple) and len(e) == 2 and e[0] in GGUF_TYPE_NAMES
+                and isinstance(e[1], (int, float)) and not isinstance(e[1], bool)
+                and math.isfinite(e[1]) and e[1] > 0 for e in overhead)):
+            p.append(f"native_weight_overhead={overhead!r} is not a tuple of (type name, "
+                     "positive factor)")
+        return p
 
     @property
     def kv_cache_held_dtype(self) -> str:

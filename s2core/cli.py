@@ -13,7 +13,6 @@ from .errors import S2CoreError
 from .gguf_file import ModelFile
 from .memory import (backend_kv_cache_bytes, copied_weight_bytes, kv_cache_bytes,
                      resident_weight_bytes)
-from .selection import choose_backend
 
 
 def _gb(n: float) -> str:
@@ -46,6 +45,9 @@ def cmd_backends(args: argparse.Namespace) -> int:
                   f"types to {c.widened_weight_dtype}"
                   + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
                      else ""))
+        if r.options:
+            print("    options: " + "; ".join(f"{o.name}={o.allowed()} (default {o.default!r})"
+                                           for o in r.options))
     if default:
         print(f"* default (set {s2core.registry.ENV_BACKEND} to choose another)")
     return 0
@@ -76,7 +78,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"KV cache at {args.ctx} positions: " + ", ".join(
         f"{d} {_gb(kv_cache_bytes(hp, args.ctx, d))}" for d in ("f16", "bf16", "f32")))
     rows = s2core.list_backends()
-    chosen = choose_backend(rows, mf)
+    chosen = s2core.default_backend(args.model)
     print(f"memory on each backend (weights as held after load + KV cache); "
           f"load() would pick {chosen}:")
     for r in rows:

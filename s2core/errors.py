@@ -32,7 +32,14 @@ class CacheNotInitializedError(S2CoreError, RuntimeError):
 
 
 class ModelFileError(S2CoreError, ValueError):
-    """A GGUF file that is not a valid S2 Pro model: missing tensor, wrong shape or type."""
+    """A GGUF file that is not a valid S2 Pro model: not a regular file, truncated, a count
+    or offset out of bounds, metadata of the wrong type, unusable hparams, a missing tensor,
+    a wrong shape or type. `check` names which ("truncated", "metadata_type", "hparams", ...)."""
+
+    def __init__(self, message: str, check: str = "model_file"):
+        super().__init__(f"[{check}] {message}")
+        self.check = check
+        self.message = message
 
 
 class BackendUnavailableError(S2CoreError, RuntimeError):

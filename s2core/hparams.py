@@ -2,6 +2,9 @@
 
 `Hparams.from_gguf` reads them the way s2.cpp does: each key with its S2 Pro default, warning
 when a key is missing. head_dim is inferred from tensor shapes (SPEC 2.2), never dim / n_head.
+Each key must be stored with its type (an integer type for counts, BOOL for flags, a finite
+number for floats), and `Hparams.validate` refuses every value no backend could run with, so an
+unusable file fails at load with the same message on every backend.
 """
 
 from __future__ import annotations
@@ -10,12 +13,25 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Protocol
 
 from .errors import ModelFileError
 
 ARCH_DEFAULT = "fish-speech"
 EXT = "fish_speech"  # extension keys use an underscore, the architecture a hyphen
+
+
+#: integer hparams above this are refused: backends index with 32-bit integers
+MAX_HPARAM = 2**31 - 1
+
+
+class TypedMetadata(Protocol):
+    """What `from_gguf` reads keys through (s2core.gguf_container.GGUFFile is one): `get`
+    returns the value as `kind` or raises ModelFileError when it is stored as another type."""
+
+    def __contains__(self, key: str) -> bool: ...
+
+    def get(self, key: str, kind: type, default: Any = ...) -> Any: ...
 
 
 class GGUFKeyWarning(UserWarning):
@@ -129,42 +145,40 @@ class Hparams(_Stack):
         return d
 
     def validate(self) -> None:
-        """Consistency checks a model file must pass before any tensor is read."""
-        problems = []
-        if self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
-            problems.append(f"n_head={self.n_head} is not a multiple of n_head_kv={self.n_head_kv}")
-        if self.head_dim % 2:
-            problems.append(f"head_dim={self.head_dim} is odd; RoPE rotates pairs")
+        """Every value usable by every backend, checked before any tensor is read: positive
+        sizes (at most MAX_HPARAM), heads that group, even head_dims (RoPE rotates pairs),
+        finite positive RoPE bases and epsilons, a semantic range inside the vocab, and a
+        Fast-AR context that holds the hidden state and at least one code."""
+        problems = _stack_problems("", self, context_min=1)
         if not 0 <= self.semantic_begin_id <= self.semantic_end_id < self.vocab_size:
             problems.append(
                 f"semantic range [{self.semantic_begin_id}, {self.semantic_end_id}] "
                 f"does not lie inside the vocab [0, {self.vocab_size})")
+        for name in ("vocab_size", "codebook_size", "num_codebooks"):
+            problems += _count_problem(name, getattr(self, name))
         if not self.tie_word_embeddings:
             problems.append("tie_word_embeddings is false; s2.cpp (and s2core) only support tied logits")
-        f = self.fast
-        if f is not None and (f.n_head_kv <= 0 or f.n_head % f.n_head_kv):
-            problems.append(f"fast n_head={f.n_head} is not a multiple of fast n_head_kv={f.n_head_kv}")
-        if f is not None and f.head_dim % 2:
-            problems.append(f"fast head_dim={f.head_dim} is odd; RoPE rotates pairs")
+        if self.fast is not None:
+            problems += _stack_problems("fast_", self.fast, context_min=2)
         if problems:
-            raise ModelFileError("hparams: " + "; ".join(problems))
+            raise ModelFileError("hparams: " + "; ".join(problems), check="hparams")
 
     # ------------------------------------------------------------------ reading
     @classmethod
-    def from_gguf(cls, metadata: Mapping[str, Any],
+    def from_gguf(cls, metadata: TypedMetadata,
                   tensor_shape: Callable[[str], tuple[int, ...] | None]) -> "Hparams":
-        """Build from GGUF metadata (key -> python value) and a tensor-shape lookup.
+        """Build from typed GGUF metadata and a tensor-shape lookup, then validate.
 
         `tensor_shape(name)` returns the PyTorch-order shape or None if the tensor is absent;
         it is needed because head_dim comes from tensor shapes (SPEC 2.2).
         """
-        arch = str(metadata.get("general.architecture", ARCH_DEFAULT))
+        arch = metadata.get("general.architecture", str, ARCH_DEFAULT)
         base = cls()
         fb = FastHparams()
 
-        def get(key: str, default, conv):
+        def get(key: str, default, kind):
             if key in metadata:
-                return conv(metadata[key])
+                return metadata.get(key, kind)
             warnings.warn(f"GGUF key {key!r} missing; using default {default!r}", GGUFKeyWarning,
                           stacklevel=3)
             return default
@@ -181,11 +195,11 @@ class Hparams(_Stack):
             f_dim = get(f"{e}.fast_embedding_length", fb.dim, int)
             f_qk = get(f"{e}.fast_attention_qk_norm", fb.attention_qk_norm, bool)
             f_head_dim = _infer_head_dim("fast_layers.0", f_n_head, f_qk, tensor_shape)
-            key_head_dim = metadata.get(f"{e}.fast_head_dim")
-            if key_head_dim is not None and int(key_head_dim) != f_head_dim:
+            key_head_dim = metadata.get(f"{e}.fast_head_dim", int, None)
+            if key_head_dim is not None and key_head_dim != f_head_dim:
                 raise ModelFileError(
-                    f"fast_head_dim: key says {int(key_head_dim)} but the fast_layers.0 tensors "
-                    f"imply {f_head_dim}")
+                    f"fast_head_dim: key says {key_head_dim} but the fast_layers.0 tensors "
+                    f"imply {f_head_dim}", check="hparams")
             fast = FastHparams(
                 context_length=get(f"{e}.fast_context_length", fb.context_length, int),
                 dim=f_dim,
@@ -232,14 +246,42 @@ def _infer_head_dim(prefix: str, n_head: int, qk_norm: bool,
     if qk_norm:
         shape = tensor_shape(f"{prefix}.attention.q_norm.weight")
         if shape is None:
-            raise ModelFileError(f"{prefix}.attention.q_norm.weight is missing but QK-norm is on")
+            raise ModelFileError(f"{prefix}.attention.q_norm.weight is missing but QK-norm is on",
+                                 check="tensors")
         return int(shape[0])
     shape = tensor_shape(f"{prefix}.attention.wo.weight")
     if shape is None:
-        raise ModelFileError(f"{prefix}.attention.wo.weight is missing; cannot infer head_dim")
+        raise ModelFileError(f"{prefix}.attention.wo.weight is missing; cannot infer head_dim",
+                             check="tensors")
+    if len(shape) != 2:
+        raise ModelFileError(f"{prefix}.attention.wo.weight has shape {shape}, not 2-D; cannot "
+                             "infer head_dim", check="tensors")
     width = int(shape[1])
     if n_head <= 0 or width % n_head:
         raise ModelFileError(
             f"head_dim: {prefix}.attention.wo input width {width} is not a multiple of "
-            f"n_head={n_head}")
+            f"n_head={n_head}", check="hparams")
     return width // n_head
+
+
+def _count_problem(name: str, value: int, minimum: int = 1) -> list[str]:
+    if not minimum <= value <= MAX_HPARAM:
+        return [f"{name}={value} is outside [{minimum}, {MAX_HPARAM}]"]
+    return []
+
+
+def _stack_problems(prefix: str, s: "Hparams | FastHparams", context_min: int) -> list[str]:
+    """The checks a stack's values (the Slow-AR's or, with prefix "fast_", the Fast-AR's) pass."""
+    problems = _count_problem(f"{prefix}context_length", s.context_length, context_min)
+    for name in ("dim", "ffn", "n_layer", "n_head", "n_head_kv", "head_dim"):
+        problems += _count_problem(prefix + name, getattr(s, name))
+    if s.n_head_kv >= 1 and s.n_head % s.n_head_kv:
+        problems.append(f"{prefix}n_head={s.n_head} is not a multiple of "
+                        f"{prefix}n_head_kv={s.n_head_kv}")
+    if s.head_dim % 2:
+        problems.append(f"{prefix}head_dim={s.head_dim} is odd; RoPE rotates pairs")
+    for name in ("rope_freq_base", "rms_norm_eps"):
+        value = getattr(s, name)
+        if not (math.isfinite(value) and value > 0):
+            problems.append(f"{prefix}{name}={value} is not a finite positive number")
+    return problems

@@ -58,10 +58,7 @@ def token_matrix(tokens: Any, n_tokens: int | None, hp: Hparams) -> np.ndarray:
         n_tokens = _as_int(n_tokens, "n_tokens")
         if n_tokens <= 0:
             raise InvalidTokensError("n_tokens>0", f"n_tokens must be positive, got {n_tokens}")
-    try:
-        arr = np.asarray(tokens)
-    except ValueError as exc:  # ragged nested lists
-        raise InvalidTokensError("shape", f"tokens are not a rectangular array: {exc}") from exc
+    arr = _as_array(tokens, "tokens", InvalidTokensError, "shape")
 
     if arr.ndim == 2:
         if arr.shape[1] != width:
@@ -101,7 +98,7 @@ def token_matrix(tokens: Any, n_tokens: int | None, hp: Hparams) -> np.ndarray:
 
 def frame_matrix(frame: Any, hp: Hparams) -> np.ndarray:
     """step()'s input: exactly one position, shape (C+1,) or (1, C+1)."""
-    arr = np.asarray(frame)
+    arr = _as_array(frame, "frame", InvalidTokensError, "step_shape")
     if arr.shape not in ((hp.row_width,), (1, hp.row_width)):
         raise InvalidTokensError(
             "step_shape", f"step() takes one position of num_codebooks + 1 = {hp.row_width} "
@@ -152,21 +149,27 @@ def make_batch(mat: np.ndarray, n_past: int, hp: Hparams) -> EvalBatch:
 
 
 def prefix_codes(prefix: Any, hp: Hparams) -> np.ndarray:
-    """fast_decode's codes so far: 1-D integers in [0, codebook_size), at most the Fast-AR's
-    context minus the hidden slot."""
+    """fast_decode's codes so far: 1-D integers in [0, codebook_size); fewer than
+    num_codebooks (as s2.cpp: the last codebook has no next one to predict) and fitting the
+    Fast-AR's context beside the hidden slot."""
     f = hp.fast
-    arr = np.asarray(prefix if prefix is not None else [], dtype=None)
-    if arr.size == 0:
+    arr = _as_array(prefix if prefix is not None else [], "prefix codes", InvalidInputError,
+                    "prefix_shape")
+    if arr.size == 0 and arr.ndim <= 1:
         return np.zeros(0, dtype=np.int64)
     if arr.ndim != 1:
         raise InvalidInputError("prefix_shape", f"prefix codes must be 1-D, got shape {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise InvalidInputError("prefix_dtype", f"prefix codes must be integers, got {arr.dtype}")
-    limit = f.context_length - 1
-    if arr.size > limit:
+    if arr.size >= hp.num_codebooks:
+        raise InvalidInputError(
+            "prefix_length", f"{arr.size} prefix codes: a frame has num_codebooks="
+            f"{hp.num_codebooks} codes, so at most {hp.num_codebooks - 1} can precede the "
+            "next one")
+    if arr.size > f.context_length - 1:
         raise InvalidInputError(
             "prefix_length", f"{arr.size} prefix codes plus the hidden state exceed the Fast-AR "
-            f"context of {f.context_length} (at most {limit} codes)")
+            f"context of {f.context_length} (at most {f.context_length - 1} codes)")
     bad = np.flatnonzero((arr < 0) | (arr >= hp.codebook_size))
     if bad.size:
         i = int(bad[0])
@@ -176,11 +179,46 @@ def prefix_codes(prefix: Any, hp: Hparams) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def hidden_state(hidden: Any, hp: Hparams) -> Any:
+    """fast_decode's hidden, checked: host input (a numpy array, list or tuple of real
+    numbers) comes back as a contiguous float32 copy-or-view of shape (dim,); a backend's own
+    array (anything with a shape and a dtype, such as Result.hidden_native) is passed on after
+    its shape is checked. Anything else (None, a string) is refused."""
+    if isinstance(hidden, (list, tuple, np.ndarray, np.generic)):
+        arr = _as_array(hidden, "hidden", InvalidInputError, "hidden_shape")
+        if arr.dtype.kind not in "fiu":
+            raise InvalidInputError(
+                "hidden_dtype", f"hidden must hold real numbers, got dtype {arr.dtype}")
+        _check_hidden_shape(arr.shape, hp)
+        return np.ascontiguousarray(arr, dtype=np.float32)
+    if hasattr(hidden, "shape") and hasattr(hidden, "dtype"):
+        _check_hidden_shape(hidden.shape, hp)
+        return hidden
+    raise InvalidInputError(
+        "hidden_type", f"hidden must be an array of shape ({hp.dim},) (numpy, or this "
+        f"backend's own result), got {type(hidden).__name__}")
+
+
 def check_hidden(hidden: Any, hp: Hparams) -> None:
-    shape = tuple(getattr(hidden, "shape", np.shape(hidden)))
+    """hidden_state's checks alone (for callers that convert the input themselves)."""
+    hidden_state(hidden, hp)
+
+
+def _check_hidden_shape(shape: Any, hp: Hparams) -> None:
+    shape = tuple(shape)
     if shape != (hp.dim,):
         raise InvalidInputError(
             "hidden_shape", f"hidden must have shape ({hp.dim},) (the Slow-AR's dim), got {shape}")
+
+
+def _as_array(value: Any, what: str, error: type[InvalidInputError], check: str) -> np.ndarray:
+    """np.asarray, with ragged nesting and unconvertible objects as the caller's input error
+    (numpy raises ValueError or TypeError for those)."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise error(check, f"{what}: not a rectangular array of numbers "
+                           f"({str(exc)[:200]})") from None
 
 
 def _as_int(value: Any, what: str) -> int:

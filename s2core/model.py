@@ -171,10 +171,8 @@ class SlowARModel:
         if self.hparams.fast is None:
             raise S2CoreError(f"{self.model_file.path} has no Fast-AR "
                               f"(architecture {self.hparams.architecture!r})")
-        inputs.check_hidden(hidden, self.hparams)
+        hidden = inputs.hidden_state(hidden, self.hparams)
         codes = inputs.prefix_codes(prefix_codes, self.hparams)
-        if isinstance(hidden, (list, tuple, np.ndarray)):
-            hidden = np.ascontiguousarray(hidden, dtype=np.float32)
         if not self.backend.incremental_fast_decode:
             return self.backend.fast_decode(hidden, codes)
         return self._fast_decode_incremental(hidden, codes)

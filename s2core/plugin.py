@@ -8,20 +8,28 @@ one hook:
     @hookimpl
     def s2core_backends():
         return [BackendSpec(name="mine", backend_class="my_pkg.backend:MyBackend",
-                            probe=my_cheap_probe, priority=10)]
+                            probe=my_cheap_probe, priority=10,
+                            options=(Option("kv_cache_dtype", choices=("f16", "f32"),
+                                            default="f16", doc="type of the KV cache"),))]
 
 The module must stay cheap to import: the heavy framework is imported only by
-`backend_class`, and only when that backend is chosen.
+`backend_class`, and only when that backend is chosen. Every value a plugin hands over is
+validated by the registry (s2core/plugin_checks.py); one that is not what these classes say
+leaves that backend listed as unavailable with the reason, never breaks the host.
+
+While developing, a plugin module need not be installed: S2CORE_PLUGINS="my_pkg.plugin"
+(comma-separated module names) registers it at discovery, like pytest's -p.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import pluggy
 
 from .backend import Capabilities
+from .errors import InvalidInputError
 
 PROJECT = "s2core"
 ENTRY_POINT_GROUP = "s2core.backends"
@@ -41,6 +49,59 @@ class Probe:
     priority: int | None = None
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """a == b with types kept apart: True is not 1, 1 is not 1.0, a string is any str."""
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # an array's elementwise ==, or an object whose == raises
+        return False
+
+
+@dataclass(frozen=True)
+class Option:
+    """One keyword option a backend takes in `s2core.load(path, backend=..., **options)`.
+
+    The core checks every option against the chosen backend's declared options before the
+    backend's module is imported: an unknown name or a value outside `choices` (or refused by
+    `accepts`) is an InvalidInputError naming the option. Give `choices` (the allowed values,
+    compared with their types: True is not 1) or `accepts` (a predicate, for open-ended
+    values such as a device name) with `values` saying in words what it accepts. `default`
+    and `doc` are what `s2core backends` and the docs show; the backend's own keyword default
+    is what applies (the kit checks that the two agree)."""
+
+    name: str
+    choices: tuple[Any, ...] | None = None
+    accepts: Callable[[Any], bool] | None = None
+    values: str = ""
+    default: Any = None
+    doc: str = ""
+
+    def allowed(self) -> str:
+        """The accepted values in words."""
+        if self.choices is not None:
+            return " | ".join(repr(c) for c in self.choices)
+        return self.values
+
+    def check(self, value: Any) -> None:
+        """Raise InvalidInputError (check = the option's name) unless `value` is accepted."""
+        if self.choices is not None:
+            ok = any(same_value(value, c) for c in self.choices)
+        else:
+            try:
+                ok = bool(self.accepts(value))
+            except Exception:
+                ok = False
+        if not ok:
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise InvalidInputError(self.name, f"{self.name}={shown} is not accepted; "
+                                               f"allowed: {self.allowed()}")
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """A backend as the registry knows it before anything heavy is imported."""
@@ -52,6 +113,8 @@ class BackendSpec:
     probe: Callable[[], Probe]
     priority: int = 0
     description: str = ""
+    #: the keyword options the backend's class takes; any other name is refused by the core
+    options: tuple[Option, ...] = ()
 
 
 class HookSpecs:

@@ -23,12 +23,24 @@ PEER_BAND = 50
 
 
 def choose_backend(rows: list[BackendInfo], model_file: ModelFile) -> str:
+    """The backend load() tries first for this file."""
+    return rank_backends(rows, model_file)[0]
+
+
+def rank_backends(rows: list[BackendInfo], model_file: ModelFile) -> list[str]:
+    """Every available backend in the order load() tries them: the rule above picks the
+    first, then applies again to the rest (the next choice should the first fail to import)."""
     available = [r for r in rows if r.available and r.capabilities is not None]
     if not available:
         reasons = "; ".join(f"{r.name}: {r.reason}" for r in rows) or "none registered"
         raise BackendUnavailableError(f"no backend is available ({reasons})")
-    best = max(r.priority for r in available)
-    peers = [r for r in available if r.priority >= best - PEER_BAND]
-    return min(peers, key=lambda r: (resident_weight_bytes(model_file, r.capabilities),
-                                     copied_weight_bytes(model_file, r.capabilities),
-                                     -r.priority, r.name)).name
+    order = []
+    while available:
+        best = max(r.priority for r in available)
+        peers = [r for r in available if r.priority >= best - PEER_BAND]
+        chosen = min(peers, key=lambda r: (resident_weight_bytes(model_file, r.capabilities),
+                                           copied_weight_bytes(model_file, r.capabilities),
+                                           -r.priority, r.name))
+        order.append(chosen.name)
+        available.remove(chosen)
+    return order

@@ -43,7 +43,7 @@ def test_missing_file_and_not_gguf(tmp_path):
         ModelFile(tmp_path / "nope.gguf")
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"definitely not a gguf file" * 10)
-    with pytest.raises(ModelFileError, match="not a readable GGUF"):
+    with pytest.raises(ModelFileError, match="is not a GGUF file"):
         ModelFile(junk)
 
 
@@ -144,3 +144,36 @@ def test_bf16_raw_is_the_bit_pattern(tmp_path):
     assert raw.dtype == np.uint16 and raw.shape == (200, 64)
     as_f32 = (raw.astype(np.uint32) << 16).view(np.float32)
     np.testing.assert_array_equal(as_f32, mf.dequantize("embeddings.weight"))
+
+
+def test_typed_metadata_access(tmp_path):
+    """GGUFFile.get refuses a stored type other than the one asked for, never converts."""
+    from gguf import GGUFValueType as VT
+    from s2core.gguf_file import GGUFFile
+    path = tmp_path / "typed.gguf"
+    w = gguf.GGUFWriter(path, arch="fish-speech")
+    w.add_uint32("a.count", 36)
+    w.add_float32("a.ratio", 64.9)
+    w.add_uint32("a.base", 10000)
+    w.add_bool("a.flag", False)
+    w.add_string("a.text", "false")
+    w.add_array("a.names", ["x", "yz"])
+    w.add_tensor("t", np.zeros((2, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = GGUFFile(path)
+    assert f.get("a.count", int) == 36 and f.get("a.flag", bool) is False
+    assert f.get("a.base", float) == 10000.0  # integers are exact floats
+    assert f.get("a.text", str) == "false" and f.get("a.missing", int, 7) == 7
+    assert f.get_array("a.names", str) == ["x", "yz"]
+    assert f.value_type("a.ratio").type == VT.FLOAT32
+    for key, kind, check in [("a.ratio", int, "metadata_type"), ("a.text", bool, "metadata_type"),
+                             ("a.flag", int, "metadata_type"), ("a.names", str, "metadata_type"),
+                             ("a.missing", int, "missing_key")]:
+        with pytest.raises(ModelFileError) as info:
+            f.get(key, kind)
+        assert info.value.check == check, key
+    assert f.tensors["t"].shape == (2, 32) and f.tensor_data("t").flags.writeable is False
+    f.close()

@@ -128,5 +128,6 @@ def test_context_manager_frees_the_cache(tiny_model):
 def test_unknown_backend_option_is_rejected(tiny_model):
     with pytest.raises(InvalidInputError, match="kv_cache_dtype='f8'"):
         s2core.load(tiny_model, backend="numpy", kv_cache_dtype="f8")
-    with pytest.raises(TypeError):
+    with pytest.raises(InvalidInputError) as info:  # was a TypeError from inside the backend
         s2core.load(tiny_model, backend="numpy", not_an_option=1)
+    assert info.value.check == "unknown_option"

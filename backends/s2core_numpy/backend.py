@@ -136,7 +136,9 @@ class NumpyBackend(Backend):
         self._k = self._v = None
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
-        return tuple(np.ascontiguousarray(c[:, :, :n_positions].transpose(0, 2, 1, 3))
+        # .copy(), not ascontiguousarray: with one KV head and a full cache the transposed
+        # slice is already contiguous, and ascontiguousarray would hand out the live cache
+        return tuple(c[:, :, :n_positions].transpose(0, 2, 1, 3).copy()
                      for c in (self._k, self._v))
 
     # ---------------------------------------------------------------- compute

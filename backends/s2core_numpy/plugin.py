@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from s2core.backend import Capabilities
-from s2core.plugin import BackendSpec, Probe, hookimpl
+from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "f32")
 #: the CPU reference: always available; other CPU backends rank by the benchmarks
@@ -50,9 +50,19 @@ def probe() -> Probe:
     return Probe(available=True, reason=reason, capabilities=numpy_capabilities())
 
 
+#: the keyword options NumpyBackend takes, checked by the core before the backend is imported
+OPTIONS = (
+    Option("kv_cache_dtype", choices=CACHE_DTYPES, default="f16",
+           doc="type of the cached K/V values (f16 as s2.cpp; held as f16-rounded float32)"),
+    Option("numba_kernels", choices=(None, True, False), default=None,
+           doc="keep F16 and Q8_0 matrices as stored and compute from them with numba "
+               "(None: when numba is installed; False: widen them to float32)"),
+)
+
+
 @hookimpl
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="numpy", backend_class="s2core_numpy.backend:NumpyBackend",
-                        probe=probe, priority=PRIORITY,
+                        probe=probe, priority=PRIORITY, options=OPTIONS,
                         description="float32 NumPy/BLAS on the CPU; keeps F16 and Q8_0 with "
                                     "numba, widens other types to float32")]

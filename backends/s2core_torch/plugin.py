@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from s2core.backend import Capabilities
-from s2core.plugin import BackendSpec, Probe, hookimpl
+from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 ENV_DEVICE = "S2CORE_TORCH_DEVICE"
 ENV_DTYPE = "S2CORE_TORCH_DTYPE"
@@ -113,9 +113,34 @@ def _unavailable(reason: str) -> Probe:
                  priority=CPU_PRIORITY)
 
 
+def _device_accepted(value: object) -> bool:
+    """None, "cpu", "cuda", "cuda:N", or a torch.device (recognized without importing torch)."""
+    if value is None:
+        return True
+    if type(value).__module__ == "torch" and type(value).__name__ == "device":
+        value = str(value)
+    return isinstance(value, str) and valid_device_name(value)
+
+
+#: the keyword options TorchBackend takes, checked by the core before torch is imported; the
+#: backend still refuses what this machine cannot do (f16 compute on the CPU, an absent GPU)
+OPTIONS = (
+    Option("device", accepts=_device_accepted, default=None,
+           values="None, 'cpu', 'cuda', 'cuda:N' or a torch.device",
+           doc=f"None: ${ENV_DEVICE}, else cuda when present, else cpu"),
+    Option("dtype", choices=(None, "f32", "f16", "bf16"), default=None,
+           doc=f"compute type; None: ${ENV_DTYPE}, else f32; f16 and bf16 on CUDA only"),
+    Option("kv_cache_dtype", choices=CACHE_DTYPES, default="f16",
+           doc="type of the cached K/V values"),
+    Option("single_token_semantic_prefill", choices=(None, True, False), default=None,
+           doc="chunk prompts one semantic position at a time (s2.cpp's CUDA guard); "
+               "None: off, every table is dequantized on load"),
+)
+
+
 @hookimpl
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="torch", backend_class="s2core_torch.backend:TorchBackend",
-                        probe=probe, priority=CPU_PRIORITY,
+                        probe=probe, priority=CPU_PRIORITY, options=OPTIONS,
                         description="PyTorch on CUDA (f32/f16/bf16 compute) or the CPU; "
                                     "F16/BF16 weights kept as stored")]

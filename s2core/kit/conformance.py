@@ -28,6 +28,7 @@ from s2core.errors import (CacheNotInitializedError, CacheOverflowError, Invalid
 from s2core.testing.prompts import mixed_prompt, semantic_frame
 
 from .models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
+from .rules import ContractRules
 from .tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
 
@@ -90,6 +91,11 @@ def _bad_cases(hp, prompt: np.ndarray) -> list[tuple[str, Callable[[Any], Any], 
         ("code_negative", lambda m: m.prefill_fast(with_row(neg_code)), InvalidTokensError,
          "code_range"),
         ("step_code", lambda m: m.step(bad_code), InvalidTokensError, "code_range"),
+        ("ragged_tokens", lambda m: m.prefill([list(prompt[0]), list(prompt[1][:-1])]),
+         InvalidTokensError, "shape"),
+        ("ragged_frame", lambda m: m.step([list(frame[:2]), list(frame[2:])]),
+         InvalidTokensError, "step_shape"),
+        ("string_tokens", lambda m: m.prefill_fast("not tokens"), InvalidTokensError, "shape"),
         ("step_two_rows", lambda m: m.step(np.stack([frame, frame])), InvalidTokensError,
          "step_shape"),
         ("step_text_id_range", lambda m: m.step(np.r_[hp.vocab_size + 5, frame[1:]]),
@@ -109,8 +115,9 @@ def _bad_cases(hp, prompt: np.ndarray) -> list[tuple[str, Callable[[Any], Any], 
 _CASE_IDS = [c[0] for c in _bad_cases(CONFIGS["gqa4"], prompt_and_frames("gqa4")[0])]
 
 
-class BackendConformance:
-    """The whole matrix. Needs a `backend` fixture (a registered backend's name)."""
+class BackendConformance(ContractRules):
+    """The whole matrix, and the contract's rules (s2core/kit/rules.py). Needs a `backend`
+    fixture (a registered backend's name)."""
 
     capacity = 64
 
@@ -145,8 +152,10 @@ class BackendConformance:
         assert r.hidden.shape == (m.hparams.dim,) and r.hidden.dtype == np.float32
         assert r.logits.shape == (m.hparams.vocab_size,) and r.logits.dtype == np.float32
         assert m.n_past == len(prompt)
-        assert_close(r.hidden, ref.hidden, output_tolerance(caps), "hidden")
-        assert_close(r.logits, ref.logits, output_tolerance(caps), "logits")
+        declared = f" (bound for the declared compute_dtype={caps.compute_dtype!r}, " \
+                   f"kv_cache_dtype={caps.kv_cache_dtype!r})"
+        assert_close(r.hidden, ref.hidden, output_tolerance(caps), "hidden" + declared)
+        assert_close(r.logits, ref.logits, output_tolerance(caps), "logits" + declared)
         k, v = m.kv_cache_snapshot()
         assert k.shape == v.shape == (m.hparams.n_layer, len(prompt), m.hparams.n_head_kv,
                                       m.hparams.head_dim)
@@ -373,13 +382,20 @@ class BackendConformance:
             (lambda: m.fast_decode(hidden, [hp.codebook_size]), "prefix_code_range"),
             (lambda: m.fast_decode(hidden, [-1]), "prefix_code_range"),
             (lambda: m.fast_decode(hidden, [0] * hp.fast.context_length), "prefix_length"),
+            # s2.cpp: num_codebooks codes leave no next codebook to predict
+            (lambda: m.fast_decode(hidden, [0] * hp.num_codebooks), "prefix_length"),
             (lambda: m.fast_decode(hidden, [[1, 2]]), "prefix_shape"),
+            (lambda: m.fast_decode(hidden, [[1, 2], [3]]), "prefix_shape"),
             (lambda: m.fast_decode(hidden, [1.5]), "prefix_dtype"),
+            (lambda: m.fast_decode(None, []), "hidden_type"),
+            (lambda: m.fast_decode("hidden", []), "hidden_type"),
+            (lambda: m.fast_decode(["x"] * hp.dim, []), "hidden_dtype"),
         ]
         for call, check in cases:
             with pytest.raises(InvalidInputError) as info:
                 call()
             assert info.value.check == check
-        # A full-length prefix (the last code of a frame) is fine.
-        out = m.fast_decode(hidden, list(range(hp.fast.context_length - 1)))
+        # The longest prefix (the last code of a frame) is fine.
+        longest = min(hp.num_codebooks, hp.fast.context_length) - 1
+        out = m.fast_decode(hidden, list(range(longest)))
         assert out.shape == (hp.codebook_size,)

@@ -1,8 +1,9 @@
 """The tiny models the conformance matrix runs on, written once per process.
 
-Three shapes cover the variations SPEC allows (head_dim != dim/n_head, GQA 4/2/1, QK-norm on
+Four shapes cover the variations SPEC allows (head_dim != dim/n_head, GQA 4/2/1, QK-norm on
 and off, codebook scaling on and off, Fast-AR with and without project_in, other codebook
-counts), each in several GGUF weight types, K-quants included.
+counts, a Fast-AR whose RoPE base, eps and heads all differ from the Slow-AR's), each in
+several GGUF weight types, K-quants included.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ CONFIGS: dict[str, Hparams] = {
         n_head_kv=4, head_dim=64,
         fast=FastHparams(context_length=5, dim=256, ffn=512, n_layer=1, n_head=4, n_head_kv=2,
                          head_dim=64, attention_qk_norm=False, project_in=False)),
+    # A Fast-AR whose every attention hyperparameter differs from the Slow-AR's: RoPE base 100
+    # (Slow-AR 1e6), eps 1e-2 (1e-6), 8 query and 2 KV heads of 16 (4 and 1 of 32), QK-norm on
+    # both; a backend that reads any of them from the Slow-AR's hparams gives other numbers.
+    "fast-own": replace(
+        tiny_hparams(),
+        fast=FastHparams(context_length=11, dim=64, ffn=128, n_layer=2, n_head=8, n_head_kv=2,
+                         head_dim=16, rope_freq_base=100.0, rms_norm_eps=1e-2,
+                         attention_qk_norm=True, project_in=False)),
 }
 
 #: (config, weight type) pairs of the numerical matrix

@@ -13,7 +13,7 @@ import importlib.util
 import platform
 
 from s2core.backend import Capabilities
-from s2core.plugin import BackendSpec, Probe, hookimpl
+from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
 #: what Q2_K/Q3_K/Q6_K become: f32 is exact; f16 halves their memory (rounds each weight once)
@@ -105,11 +105,22 @@ def probe() -> Probe:
         capabilities=mlx_capabilities(metal=False), priority=CPU_PRIORITY)
 
 
+#: the keyword options MlxBackend takes, checked by the core before mlx is imported
+OPTIONS = (
+    Option("kv_cache_dtype", choices=CACHE_DTYPES, default="f16",
+           doc="type of the cached K/V values"),
+    Option("widened_weight_dtype", choices=WIDENED_DTYPES, default="f32",
+           doc="what Q2_K, Q3_K and Q6_K become (f32 exact, f16 half the memory)"),
+    Option("quant_scale_dtype", choices=SCALE_DTYPES, default="f16",
+           doc="scales and biases of the legacy quants kept quantized (f16: the file's size)"),
+)
+
+
 @hookimpl
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(
         name="mlx", backend_class="s2core_mlx.backend:MlxBackend", probe=probe,
-        priority=CPU_PRIORITY,
+        priority=CPU_PRIORITY, options=OPTIONS,
         description="MLX (Apple GPU via Metal, or CPU): float32 compute, fused RMSNorm/RoPE/"
                     "attention kernels, GGUF quants kept quantized where MLX's format fits "
                     "(legacy quants at the file's size; Q4_K/Q5_K at 1.3x), incremental "

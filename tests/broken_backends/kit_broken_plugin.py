@@ -1,0 +1,46 @@
+"""Registers the broken backends (kit_broken_backends.py) under $S2CORE_PLUGINS."""
+
+from s2core.plugin import BackendSpec, Option, Probe, hookimpl
+from s2core_example.plugin import CAPABILITIES
+from s2core_numpy.plugin import OPTIONS as NUMPY_OPTIONS
+from s2core_numpy.plugin import numpy_capabilities
+
+from kit_broken_backends import F16_DECLARED, HALF_DECLARED
+
+F32_ONLY = (Option("kv_cache_dtype", choices=("f32",), default="f32"),)
+
+
+def spec(name, cls, caps=CAPABILITIES, options=F32_ONLY):
+    return BackendSpec(name=f"broken_{name}", backend_class=f"kit_broken_backends:{cls}",
+                       probe=lambda: Probe(True, "broken on purpose", caps),
+                       priority=-100, options=options)
+
+
+@hookimpl
+def s2core_backends():
+    return [
+        spec("alias_results", "AliasResults"),
+        spec("alias_fast", "AliasFastLogits"),
+        spec("view_snapshots", "ViewSnapshots"),
+        spec("numpy_old_snapshots", "NumpyOldSnapshots", numpy_capabilities(), NUMPY_OPTIONS),
+        spec("fast_slow_rope", "FastSlowRope"),
+        spec("fast_slow_eps", "FastSlowEps"),
+        spec("fast_slow_heads", "FastSlowHeads"),
+        spec("f16_declared_f32_held", "F16DeclaredF32Held", F16_DECLARED,
+             (Option("kv_cache_dtype", choices=("f16",), default="f16"),)),
+        spec("f32_declared_f16_held", "F32DeclaredF16Held"),
+        spec("half_declared", "HalfDeclaredF32Computed", HALF_DECLARED),
+        spec("f32_declared_half_results", "F32DeclaredHalfResults"),
+        # declares an option the class does not take
+        spec("option_not_taken", "ExampleBackend",
+             options=F32_ONLY + (Option("threads", choices=(1, 2), default=1),)),
+        # the class takes a keyword the spec does not declare
+        spec("option_undeclared", "TakesUndeclaredOption"),
+        # declares f16 too, and the class takes it without acting on it
+        spec("option_ignored", "IgnoresKvCacheDtype",
+             options=(Option("kv_cache_dtype", choices=("f32", "f16"), default="f32"),)),
+        # a schema that accepts anything at all
+        spec("option_accepts_anything", "IgnoresKvCacheDtype",
+             options=(Option("kv_cache_dtype", accepts=lambda value: True, values="anything",
+                             default="f32"),)),
+    ]
