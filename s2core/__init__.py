@@ -17,12 +17,14 @@ from typing import Any
 
 from .backend import Backend, Capabilities
 from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInitializedError,
-                     CacheOverflowError, InvalidInputError, InvalidTokensError, ModelFileError,
-                     S2CoreError)
+                     CacheOverflowError, FileFormatError, InvalidInputError, InvalidTokensError,
+                     ModelFileError, PrefixFileError, PrefixMismatchError, S2CoreError,
+                     TokenizerError, VoiceFileError)
 from .gguf_file import ModelFile
 from .hparams import FastHparams, Hparams
 from .inputs import EvalBatch
 from .model import Result, SlowARModel
+from .prefix import KVPrefix, ModelIdentity
 from .registry import ENV_BACKEND, BackendInfo, get_registry
 from .selection import choose_backend
 
@@ -33,7 +35,9 @@ __all__ = [
     "Capabilities", "EvalBatch", "Hparams", "FastHparams", "ModelFile", "BackendInfo",
     "S2CoreError", "InvalidInputError", "InvalidTokensError", "CacheOverflowError",
     "CacheNotInitializedError", "ModelFileError", "BackendUnavailableError",
-    "BackendRegistryError", "__version__",
+    "BackendRegistryError", "__version__", "KVPrefix", "ModelIdentity", "Tokenizer",
+    "PrefixMismatchError", "FileFormatError", "PrefixFileError", "VoiceFileError",
+    "TokenizerError",
 ]
 
 

@@ -71,7 +71,7 @@ def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f1
     bar = Progress("generating", steps)
     stats = GenerationStats()
     config = GenerationConfig(max_new_tokens=steps, im_end_id=DEMO_IM_END_ID,
-                              min_tokens_before_end=steps, seed=seed)
+                              min_tokens_before_end=steps, seed=seed, temperature=0)
     with model:
         frames = generate(model, prompt, config, on_frame=lambda i, _: bar.update(i + 1),
                           stats=stats)
@@ -97,5 +97,5 @@ def _print_report(r: DemoReport, out) -> None:
     if fast_ms.size:
         print(f"{'fast_decode (9 codes)':<24}{fast_ms.sum() / 1e3:>9.3f}{np.median(fast_ms):>13.2f}",
               file=out)
-    print(f"generated    {len(r.frames)} frames; first frame codes: "
-          f"{r.frames[0].tolist() if len(r.frames) else []}", file=out)
+    print(f"generated    {r.frames.shape[1]} frames; first frame codes: "
+          f"{r.frames[:, 0].tolist() if r.frames.shape[1] else []}", file=out)
