@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from . import inputs
-from .errors import CacheOverflowError, InvalidInputError
+from .errors import CacheOverflowError, InvalidInputError, PrefixMismatchError
 from .model import SlowARModel
 from .sampling import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, candidates,
                        check_sampling, draw, sample_token)
@@ -186,12 +186,12 @@ def check_prompt(model: SlowARModel, prompt: Any, config: GenerationConfig,
         model.check_prefix(prefix, capacity)
         n = prefix.n_positions
         if n >= len(mat):
-            raise InvalidInputError("prefix_length", f"the prefix holds {n} positions but the "
+            raise PrefixMismatchError("prefix_length", f"the prefix holds {n} positions but the "
                                     f"prompt only {len(mat)}: nothing is left to prefill")
         if not np.array_equal(inputs.canonical_rows(mat[:n], hp), prefix.tokens):
             t = int(np.flatnonzero((inputs.canonical_rows(mat[:n], hp)
                                     != prefix.tokens).any(axis=1))[0])
-            raise InvalidInputError("prefix_tokens", f"the prompt's first {n} positions differ "
+            raise PrefixMismatchError("prefix_tokens", f"the prompt's first {n} positions differ "
                                     f"from the prefix's token rows (first at position {t}): "
                                     "the prefix was made for another voice or prompt")
     return mat
