@@ -25,6 +25,7 @@ from .hparams import FastHparams, Hparams
 from .inputs import EvalBatch
 from .model import Result, SlowARModel
 from .prefix import KVPrefix, ModelIdentity
+from .text.tokenizer import Tokenizer
 from .registry import ENV_BACKEND, BackendInfo, get_registry
 from .selection import choose_backend
 
