@@ -50,7 +50,11 @@ class PrefixMismatchError(InvalidInputError):
 
 class FileFormatError(S2CoreError, ValueError):
     """A file s2core reads (KV prefix, .s2voice, tokenizer.json) is malformed; the message
-    names the file and what is wrong with it."""
+    names the file and what is wrong with it, `check` (where set) which rule it broke."""
+
+    def __init__(self, message: str, check: str = ""):
+        super().__init__(f"[{check}] {message}" if check else message)
+        self.check = check
 
 
 class PrefixFileError(FileFormatError):
