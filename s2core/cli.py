@@ -1,4 +1,4 @@
-"""The `s2core` command: backends, info, demo, speak, bench."""
+"""The `s2core` command: backends, info, demo, speak, voices, bench."""
 
 from __future__ import annotations
 
@@ -105,6 +105,11 @@ def cmd_speak(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def cmd_voices(args: argparse.Namespace) -> int:
+    from .voices import list_command
+    return list_command(args.voices_dir, sys.stdout)
+
+
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     from .benchmarking.cli import main as bench_main
     return bench_main(rest)
@@ -127,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--export", metavar="DIR", default=None,
                    help="write the demo's model, tokenizer and reference voice into DIR (for "
                         "trying `s2core speak`) and print the commands")
+    v = sub.add_parser("voices", help="saved voices (.s2voice) and their stored KV prefixes")
+    v.add_argument("--voices-dir", metavar="DIR", default=None,
+                   help="voice directory (default $S2CORE_VOICES, else ./voices)")
     s = sub.add_parser("speak", help="text (and a reference voice) to audio codes")
     from .speak import add_arguments
     add_arguments(s)
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo,
-                "speak": cmd_speak}[args.command](args)
+                "speak": cmd_speak, "voices": cmd_voices}[args.command](args)
     except S2CoreError as exc:
         print(f"s2core: error: {exc}", file=sys.stderr)
         return 2

@@ -89,3 +89,29 @@ def check_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(SUFFIX):
         raise InvalidInputError("voice_name", f"a voice name is letters, digits, '.', '_' and "
                                 f"'-', starting with a letter or digit; got {name!r}")
+
+
+def list_command(directory: str | os.PathLike | None, out) -> int:
+    """`s2core voices`: each voice with its frames, transcript and stored prefixes."""
+    from .errors import VoiceFileError
+    lib = VoiceLibrary(directory)
+    names = lib.names()
+    if not names:
+        print(f"no voices in {lib.directory}", file=out)
+        return 0
+    print(f"voices in {lib.directory}:", file=out)
+    for name in names:
+        path = lib.directory / f"{name}{SUFFIX}"
+        try:
+            voice = read_s2voice(path)
+            about = (f"{voice.n_frames} frames ({voice.n_frames * 2048 / voice.sample_rate:.1f} s),"
+                     f" {voice.transcript[:60]!r}")
+        except VoiceFileError as exc:
+            about = f"unreadable: {exc}"
+        prefixes = sorted(p.name[len(name) + 1:-len(PREFIX_SUFFIX)]
+                          for p in lib.directory.glob(f"{name}.*{PREFIX_SUFFIX}"))
+        print(f"  {name:<16} {about}", file=out)
+        if prefixes:
+            print(f"  {'':<16} KV prefixes (model digest-cache type): {', '.join(prefixes)}",
+                  file=out)
+    return 0

@@ -91,6 +91,10 @@ def test_speak_with_a_reference_then_with_the_saved_voice(assets, tmp_path):
     assert prefilled < 40 and restored + prefilled < total + 20  # only the text part is prefilled
     assert "first frame" in second.stdout and "frames/s" in second.stdout
     assert np.load(tmp_path / "b.npy").shape == (HP.num_codebooks, 6)
+    listing = subprocess.run([_exe(), "voices", "--voices-dir", str(voices)], capture_output=True,
+                             text=True, timeout=60)
+    assert "anna" in listing.stdout and "48 frames" in listing.stdout
+    assert "-f16" in listing.stdout  # its stored prefix
 
 
 def test_same_voice_same_seed_same_codes_whether_computed_or_restored(assets, tmp_path):
