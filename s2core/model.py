@@ -293,6 +293,7 @@ class SlowARModel:
         if n > capacity:
             raise CacheOverflowError("capacity", f"the prefix holds {n} positions, more than the "
                                      f"KV cache capacity max_seq_len={capacity}")
+        inputs.token_matrix(prefix.tokens, None, hp)  # ids and codes in range (a file's too)
 
     def restore_prefix(self, prefix: "KVPrefix") -> str:
         """Make cache positions [0, n) the prefix's; n_past = n. Needs an allocated cache that

@@ -175,3 +175,21 @@ def test_identity_tells_files_apart_and_is_stable(tmp_path):
     d = tmp_path / "d.gguf"
     write_model(d, tiny_hparams(rope_freq_base=5e5), "f32", seed=1)
     assert any("rope_freq_base" in x for x in ModelIdentity.of(ModelFile(d)).differences(ia))
+
+
+def test_a_prefix_with_out_of_range_token_rows_is_refused_before_anything_changes():
+    from s2core.errors import InvalidTokensError
+    prefix, _ = _prefix_and_reference("numpy")
+    rows = prefix.tokens.copy()
+    rows[2, 0] = HP.vocab_size + 3
+    bad = KVPrefix(prefix.k, prefix.v, rows, prefix.kv_cache_dtype, prefix.model)
+    for backend in (None, "nowrite"):
+        mf = ModelFile(kit_model("gqa4", "f16"))
+        m = SlowARModel(mf, NoWriteBackend(mf) if backend else NumpyBackend(mf))
+        m.init_kv_cache(40)
+        m.prefill(PROMPT[:5])
+        with pytest.raises(InvalidTokensError) as info:
+            m.restore_prefix(bad)
+        assert info.value.check == "token_id_range" and m.n_past == 5
+        assert m.token_rows()[:, 0].tolist() == PROMPT[:5, 0].tolist()
+        m.close()
