@@ -232,6 +232,7 @@ def _loadavg() -> tuple[float, ...]:
 # ---------------------------------------------------------------------- output
 def table_lines(report: dict[str, Any]) -> list[str]:
     p = report["prompt"]
+    share = p["rest_positions"] / (p["prefix_positions"] + p["rest_positions"])
     lines = [f"Voice case ({report['model_label']}): prompt = {p['prefix_positions']} voice-prefix "
              f"positions ({p['reference_frames']} reference frames, a {p['transcript_tokens']}-"
              f"token transcript) + {p['rest_positions']} text positions ({p['text_tokens']}-token "
