@@ -236,7 +236,8 @@ def table_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"Voice case ({report['model_label']}): prompt = {p['prefix_positions']} voice-prefix "
              f"positions ({p['reference_frames']} reference frames, a {p['transcript_tokens']}-"
              f"token transcript) + {p['rest_positions']} text positions ({p['text_tokens']}-token "
-             "text). Medians, ms.", "",
+             f"text): the text part is {share:.3f} of the prompt's positions, the least the "
+             "prompt ratio could be. Medians, ms.", "",
              "| type | backend | cold prefill | restore | rest prefill | prompt ratio | "
              "first frame cold | first frame warm | ratio | n |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
