@@ -14,14 +14,17 @@ from __future__ import annotations
 
 from .backend import Backend, Capabilities
 from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInitializedError,
-                     CacheOverflowError, InvalidInputError, InvalidTokensError, ModelFileError,
-                     S2CoreError)
+                     CacheOverflowError, FileFormatError, InvalidInputError, InvalidTokensError,
+                     ModelFileError, PrefixFileError, PrefixMismatchError, S2CoreError,
+                     TokenizerError, VoiceFileError)
 from .gguf_file import ModelFile
 from .hparams import FastHparams, Hparams
 from .inputs import EvalBatch
 from .loading import default_backend, load
 from .model import Result, SlowARModel
+from .prefix import KVPrefix, ModelIdentity
 from .registry import BackendInfo, get_registry
+from .text.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
@@ -30,7 +33,9 @@ __all__ = [
     "Capabilities", "EvalBatch", "Hparams", "FastHparams", "ModelFile", "BackendInfo",
     "S2CoreError", "InvalidInputError", "InvalidTokensError", "CacheOverflowError",
     "CacheNotInitializedError", "ModelFileError", "BackendUnavailableError",
-    "BackendRegistryError", "__version__",
+    "BackendRegistryError", "__version__", "KVPrefix", "ModelIdentity", "Tokenizer",
+    "PrefixMismatchError", "FileFormatError", "PrefixFileError", "VoiceFileError",
+    "TokenizerError",
 ]
 
 

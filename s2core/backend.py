@@ -57,6 +57,9 @@ class Capabilities:
     #: native types used in place from the file's memory map: no copy at load (instant), and
     #: the pages are the OS page cache's, shared with every process that maps the file
     mapped_weight_types: frozenset[str] = frozenset()
+    #: the backend implements `write_kv_cache`, so a saved voice prefix is restored by writing
+    #: its K/V; without it the core recomputes the prefix from its token rows (slower)
+    writes_kv_cache: bool = False
 
     def __post_init__(self):
         # Sets and lists where frozensets and tuples are meant are taken as such.
@@ -179,6 +182,13 @@ class Backend(ABC):
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of K (after QK-norm and RoPE) and V for positions [0, n_positions), as
         float32 numpy arrays [n_layer, n_positions, n_head_kv, head_dim]."""
+
+    def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Optional (declare `Capabilities.writes_kv_cache`): write K and V, float32
+        [n_layer, n, n_head_kv, head_dim] holding values of the cache type (what
+        read_kv_cache returned), into cache rows [0, n). The core has checked the shapes and
+        that n fits the allocated cache; rows at or past n are not touched."""
+        raise NotImplementedError(f"backend {self.name!r} cannot write its KV cache")
 
     # ---------------------------------------------------------------- compute
     @abstractmethod

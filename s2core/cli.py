@@ -1,4 +1,4 @@
-"""The `s2core` command: backends, info, demo, bench."""
+"""The `s2core` command: backends, info, demo, speak, voices, bench."""
 
 from __future__ import annotations
 
@@ -97,8 +97,19 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    run_demo(backend=args.backend, steps=args.steps, weight_type=args.weight_type, seed=args.seed)
+    run_demo(backend=args.backend, steps=args.steps, weight_type=args.weight_type, seed=args.seed,
+             export=args.export)
     return 0
+
+
+def cmd_speak(args: argparse.Namespace) -> int:
+    from .speak import run_command
+    return run_command(args)
+
+
+def cmd_voices(args: argparse.Namespace) -> int:
+    from .voices import list_command
+    return list_command(args.voices_dir, sys.stdout)
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
@@ -120,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=32)
     d.add_argument("--weight-type", default="f16")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--export", metavar="DIR", default=None,
+                   help="write the demo's model, tokenizer and reference voice into DIR (for "
+                        "trying `s2core speak`) and print the commands")
+    v = sub.add_parser("voices", help="saved voices (.s2voice) and their stored KV prefixes")
+    v.add_argument("--voices-dir", metavar="DIR", default=None,
+                   help="voice directory (default $S2CORE_VOICES, else ./voices)")
+    s = sub.add_parser("speak", help="text (and a reference voice) to audio codes")
+    from .speak import add_arguments
+    add_arguments(s)
     sub.add_parser("bench", help="benchmarks (see `s2core bench --help`)", add_help=False)
     return p
 
@@ -131,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(argparse.Namespace(), argv[1:])
     args = parser.parse_args(argv)
     try:
-        return {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo}[args.command](args)
+        return {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo,
+                "speak": cmd_speak, "voices": cmd_voices}[args.command](args)
     except S2CoreError as exc:
         print(f"s2core: error: {exc}", file=sys.stderr)
         return 2

@@ -1,40 +1,48 @@
-"""`s2core demo`: the whole path on the embedded default model, with the time of each phase.
+"""`s2core demo`: `s2core speak` on the embedded default model, with the time of each phase.
 
-Writes a small S2 Pro-structured model into the cache directory (once), loads it on the
-auto-selected backend, prefills a prompt of text and reference-voice codes, and generates
-frames greedily: Slow-AR step + Fast-AR codes per frame.
+Writes a small S2 Pro-structured model and its tokenizer into the cache directory (once),
+loads the model on the auto-selected backend and speaks a sentence in the demo's reference
+voice: the first run saves that voice (s2.cpp's .s2voice, in the cache's voices/) with its KV
+prefix, later runs restore the prefix and prefill only the text. Frames are sampled with
+s2.cpp's settings, seeded, and min_tokens_before_end = --steps so every run makes that many.
+
+`--export DIR` writes the model, tokenizer.json and the reference voice (.npy + transcript)
+into DIR for trying `s2core speak` by hand, and prints the commands.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 import s2core
 
-from .generation import GenerationConfig, GenerationStats, generate
+from .embedded.cache import cache_dir, cached_model, model_path
+from .embedded.tokenizer import cached_tokenizer
+from .embedded.writer import demo_hparams
+from .generation import GenerationConfig
 from .hparams import Hparams
 from .progress import Progress
-from .embedded.cache import cached_model, model_path
-from .testing.prompts import semantic_frame, text_ids
-from .embedded.writer import demo_hparams
+from .speak import FrameProgress, SpeakResult, report_lines, speak
+from .text.tokenizer import Tokenizer
+from .voices import VoiceLibrary
 
-#: the demo model's <|im_end|>: a text id (outside the semantic range)
-DEMO_IM_END_ID = 8190
+DEMO_TEXT = "Hello! This is s2core speaking with its embedded model."
+DEMO_TRANSCRIPT = "This is the voice the demo speaks with."
+DEMO_VOICE = "demo"
+#: frames of the demo's reference voice (about 2.2 s of audio)
+DEMO_REFERENCE_FRAMES = 48
 
 
-def demo_prompt(hp: Hparams, rng: np.random.Generator, n_text: int = 16, n_reference: int = 48,
-                n_target: int = 12) -> np.ndarray:
-    """Instruction text, reference-voice frames (semantic positions), then the text to speak."""
-    def text(n: int) -> np.ndarray:
-        rows = np.zeros((n, hp.row_width), dtype=np.int64)
-        rows[:, 0] = text_ids(hp, n, rng)
-        return rows
-    reference = np.stack([semantic_frame(hp, rng) for _ in range(n_reference)])
-    return np.vstack([text(n_text), reference, text(n_target)])
+def demo_reference(hp: Hparams, seed: int = 1234) -> np.ndarray:
+    """The demo voice's codes [num_codebooks, T] (random: the embedded model is random too)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, hp.codebook_size, (hp.num_codebooks, DEMO_REFERENCE_FRAMES))
 
 
 @dataclass
@@ -42,60 +50,84 @@ class DemoReport:
     backend: str
     model_path: str
     prompt_positions: int
-    frames: np.ndarray
+    frames: np.ndarray                  # [num_codebooks, frames]
     write_s: float
     load_s: float
-    stats: GenerationStats
-    model_from_cache: bool = False  # the model file was already there (write_s is a lookup)
+    result: SpeakResult
+    model_from_cache: bool = False      # the model file was already there (write_s is a lookup)
 
 
-def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f16",
-             seed: int = 0, out=sys.stdout) -> DemoReport:
+def demo_assets(weight_type: str = "f16", seed: int = 0) -> tuple[Path, Path, bool, float]:
+    """(model path, tokenizer path, model was cached, seconds to write or find them)."""
     hp = demo_hparams()
     from_cache = model_path(hp, weight_type, seed=seed, stem="demo").exists()
     t = time.perf_counter()
     path = cached_model(hp, weight_type, seed=seed, stem="demo",
                         progress=Progress("writing model", 1))
-    write_s = time.perf_counter() - t
+    tok_path = cached_tokenizer(hp, stem="demo-tokenizer")
+    return path, tok_path, from_cache, time.perf_counter() - t
+
+
+def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f16",
+             seed: int = 0, out=sys.stdout, export: str | Path | None = None
+             ) -> DemoReport | None:
+    hp = demo_hparams()
+    path, tok_path, from_cache, write_s = demo_assets(weight_type, seed)
+    if export is not None:
+        export_demo(Path(export), path, tok_path, out)
+        return None
 
     t = time.perf_counter()
     model = s2core.load(path, backend=backend)
     load_s = time.perf_counter() - t
+    tokenizer = Tokenizer.from_file(tok_path)
     caps = model.capabilities
     print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
           f"KV cache {caps.kv_cache_dtype})", file=out)
     print(f"model        {path} ({path.stat().st_size / 1e6:.1f} MB, {weight_type}, "
           f"{hp.n_layer} layers, dim {hp.dim})", file=out)
+    print(f"tokenizer    {tok_path}", file=out)
 
-    prompt = demo_prompt(hp, np.random.default_rng(seed))
-    bar = Progress("generating", steps)
-    stats = GenerationStats()
-    config = GenerationConfig(max_new_tokens=steps, im_end_id=DEMO_IM_END_ID,
-                              min_tokens_before_end=steps, seed=seed)
+    library = VoiceLibrary(cache_dir() / "voices")
+    saved = DEMO_VOICE in library.names()
+    voice_args = (dict(voice=DEMO_VOICE) if saved else
+                  dict(reference_codes=demo_reference(hp), reference_text=DEMO_TRANSCRIPT,
+                       save_voice=DEMO_VOICE))
+    config = GenerationConfig(max_new_tokens=steps, min_tokens_before_end=steps, seed=seed,
+                              im_end_id=tokenizer.im_end_id)
+    progress = FrameProgress()
     with model:
-        frames = generate(model, prompt, config, on_frame=lambda i, _: bar.update(i + 1),
-                          stats=stats)
-    report = DemoReport(model.backend.name, str(path), len(prompt), frames, write_s, load_s,
-                        stats, from_cache)
+        result = speak(model, tokenizer, DEMO_TEXT, voices_dir=library.directory, config=config,
+                       on_frame=progress, say=lambda msg: print(msg, file=out), **voice_args)
+    progress.close()
+    report = DemoReport(model.backend.name, str(path), result.prompt_positions, result.codes,
+                        write_s, load_s, result, from_cache)
     _print_report(report, out)
     return report
 
 
+def export_demo(directory: Path, model: Path, tokenizer: Path, out) -> None:
+    hp = demo_hparams()
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model, directory / "model.gguf")
+    shutil.copyfile(tokenizer, directory / "tokenizer.json")
+    np.save(directory / "reference.npy", demo_reference(hp).astype(np.int32))
+    (directory / "reference.txt").write_text(DEMO_TRANSCRIPT + "\n", encoding="utf-8")
+    d = directory
+    print(f"wrote {d}/model.gguf, tokenizer.json, reference.npy ([{hp.num_codebooks}, "
+          f"{DEMO_REFERENCE_FRAMES}] codes) and reference.txt (its transcript). Try:", file=out)
+    common = f"s2core speak {d}/model.gguf --tokenizer {d}/tokenizer.json --voices-dir {d}/voices"
+    print(f'  {common} --text "Hello there." --reference-codes {d}/reference.npy '
+          f'--reference-text "{DEMO_TRANSCRIPT}" --save-voice anna --out {d}/hello.npy', file=out)
+    print(f'  {common} --text "And once more, faster." --voice anna --out {d}/again.npy',
+          file=out)
+
+
 def _print_report(r: DemoReport, out) -> None:
-    s = r.stats
-    steps_ms = np.array(s.step_s) * 1e3
-    fast_ms = np.array(s.fast_decode_s) * 1e3
-    print(f"prompt       {r.prompt_positions} positions (text + reference codes)", file=out)
-    print(f"{'phase':<24}{'total s':>9}{'per call ms':>13}", file=out)
     label = "model (from the cache)" if r.model_from_cache else "model write"
-    print(f"{label:<24}{r.write_s:>9.3f}", file=out)
-    print(f"{'load':<24}{r.load_s:>9.3f}", file=out)
-    print(f"{'prefill_fast':<24}{s.prefill_s:>9.3f}{s.prefill_s * 1e3:>13.2f}", file=out)
-    if steps_ms.size:
-        print(f"{'step (Slow-AR)':<24}{steps_ms.sum() / 1e3:>9.3f}{np.median(steps_ms):>13.2f}",
-              file=out)
-    if fast_ms.size:
-        print(f"{'fast_decode (9 codes)':<24}{fast_ms.sum() / 1e3:>9.3f}{np.median(fast_ms):>13.2f}",
-              file=out)
-    print(f"generated    {len(r.frames)} frames; first frame codes: "
-          f"{r.frames[0].tolist() if len(r.frames) else []}", file=out)
+    print(f"{label:<22}{r.write_s:9.3f}", file=out)
+    for line in report_lines(r.result, r.load_s):
+        print(line, file=out)
+    n = r.frames.shape[1]
+    print(f"generated    {n} frames; first frame codes: "
+          f"{r.frames[:, 0].tolist() if n else []}", file=out)

@@ -48,3 +48,29 @@ class BackendUnavailableError(S2CoreError, RuntimeError):
 
 class BackendRegistryError(S2CoreError, RuntimeError):
     """The registry itself is inconsistent, for example two backends with the same name."""
+
+
+class PrefixMismatchError(InvalidInputError):
+    """A KV prefix that does not fit this model: another model file, another KV cache type,
+    wrong shapes, or a prompt that does not start with its token rows (`check` says which)."""
+
+
+class FileFormatError(S2CoreError, ValueError):
+    """A file s2core reads (KV prefix, .s2voice, tokenizer.json) is malformed; the message
+    names the file and what is wrong with it, `check` (where set) which rule it broke."""
+
+    def __init__(self, message: str, check: str = ""):
+        super().__init__(f"[{check}] {message}" if check else message)
+        self.check = check
+
+
+class PrefixFileError(FileFormatError):
+    """A saved KV prefix (.safetensors) that cannot be read back."""
+
+
+class VoiceFileError(FileFormatError):
+    """An .s2voice file that s2.cpp would refuse (SPEC 8), or that does not fit the model."""
+
+
+class TokenizerError(FileFormatError):
+    """A tokenizer.json that cannot be loaded or lacks the special tokens S2 Pro's prompt uses."""

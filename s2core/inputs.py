@@ -225,3 +225,21 @@ def _as_int(value: Any, what: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InvalidTokensError("n_tokens_type", f"{what} must be an integer, got {value!r}")
     return int(value)
+
+
+def canonical_rows(mat: np.ndarray, hp: Hparams) -> np.ndarray:
+    """Validated token rows with the code slots of text positions set to 0: two prompts with
+    equal canonical rows give the same K/V (text positions ignore their code slots)."""
+    row0 = mat[:, 0]
+    semantic = (row0 >= hp.semantic_begin_id) & (row0 <= hp.semantic_end_id)
+    out = np.array(mat, dtype=np.int64, copy=True)
+    out[~semantic, 1:] = 0
+    return out
+
+
+def batch_rows(batch: EvalBatch, hp: Hparams) -> np.ndarray:
+    """The canonical token rows a batch was made from (make_batch undone)."""
+    offsets = np.arange(hp.num_codebooks, dtype=np.int64) * hp.codebook_size
+    semantic = batch.semantic_mask[:, None] > 0
+    codes = np.where(semantic, batch.codebook_ids - offsets, 0)
+    return np.column_stack([batch.token_ids, codes]).astype(np.int64)

@@ -7,17 +7,22 @@ so a failed call leaves the model exactly as it was.
 
 from __future__ import annotations
 
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import inputs
 from .backend import Backend, Capabilities
 from .chunking import chunk_bounds, prefill_chunk_size
-from .errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, S2CoreError
+from .errors import (CacheNotInitializedError, CacheOverflowError, InvalidInputError,
+                     PrefixMismatchError, S2CoreError)
 from .gguf_file import ModelFile
 from .hparams import Hparams
 from .inputs import EvalBatch
+
+if TYPE_CHECKING:
+    from .prefix import KVPrefix, ModelIdentity
 
 
 class Result:
@@ -85,6 +90,8 @@ class SlowARModel:
         self._n_past = 0
         self._max_seq_len: int | None = None
         self._fast: _FastSession | None = None
+        # the canonical token rows behind cache positions [0, n_past), for save_prefix
+        self._rows: list[np.ndarray] = []
 
     # ------------------------------------------------------------------ state
     @property
@@ -115,18 +122,21 @@ class SlowARModel:
         self.backend.allocate_kv_cache(max_seq_len)
         self._max_seq_len = max_seq_len
         self._n_past = 0
+        self._rows = []
 
     def reset(self) -> None:
         """n_past = 0; the allocation stays for the next synthesis of the same size."""
         self._require_cache()
         self.backend.reset_kv_cache()
         self._n_past = 0
+        self._rows = []
 
     def clear_kv_cache(self) -> None:
         """Free the cache at the end of a synthesis (repeated syntheses do not grow memory)."""
         self.backend.free_kv_cache()
         self._max_seq_len = None
         self._n_past = 0
+        self._rows = []
 
     def kv_cache_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of K and V for positions < n_past, float32 [n_layer, n_past, n_head_kv, head_dim]."""
@@ -146,6 +156,7 @@ class SlowARModel:
         except BaseException:
             # Rows below the original n_past were never written; forget the partial chunks.
             self._n_past = n_past_before
+            self._trim_rows(n_past_before)
             raise
         return Result(result.hidden_native, result.logits_native, batch.n_tokens, self.backend)
 
@@ -216,7 +227,93 @@ class SlowARModel:
     def _run(self, batch: EvalBatch) -> Result:
         hidden, logits = self.backend.eval_cached(batch)
         self._n_past += batch.n_tokens  # only after success
+        self._rows.append(inputs.batch_rows(batch, self.hparams))
         return Result(hidden, logits, batch.n_tokens, self.backend)
+
+    def _trim_rows(self, n: int) -> None:
+        rows = self.token_rows()[:n]
+        self._rows = [rows] if len(rows) else []
+
+    def token_rows(self) -> np.ndarray:
+        """The token rows (canonical: text code slots 0) of cache positions [0, n_past)."""
+        if not self._rows:
+            return np.zeros((0, self.hparams.row_width), dtype=np.int64)
+        if len(self._rows) > 1:
+            self._rows = [np.concatenate(self._rows)]
+        return self._rows[0][:self._n_past]
+
+    # ------------------------------------------------------------------ voice prefix
+    @cached_property
+    def identity(self) -> "ModelIdentity":
+        """What a saved prefix must match: hparams, tensor table, content digest."""
+        from .prefix import ModelIdentity
+        return ModelIdentity.of(self.model_file)
+
+    def save_prefix(self, n_positions: int | None = None) -> "KVPrefix":
+        """K/V of positions [0, n_positions) (default n_past) with their token rows, the
+        cache type and this model's identity: restorable into any later synthesis."""
+        from .prefix import KVPrefix
+        self._require_cache()
+        n = self._n_past if n_positions is None else n_positions
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= self._n_past:
+            raise InvalidInputError("prefix_positions", f"a prefix needs 1..n_past={self._n_past}"
+                                    f" positions, got {n_positions!r}")
+        k, v = self.backend.read_kv_cache(int(n))
+        return KVPrefix(k, v, self.token_rows()[:n], self.capabilities.kv_cache_dtype,
+                        self.identity, self.backend.name)
+
+    def check_prefix(self, prefix: "KVPrefix", capacity: int | None = None) -> None:
+        """Every check of restore_prefix, without changing anything. `capacity`: check
+        against a cache of that size instead of the allocated one."""
+        from .prefix import KVPrefix
+        if not isinstance(prefix, KVPrefix):
+            raise PrefixMismatchError("prefix_type", f"expected an s2core.KVPrefix, got "
+                                      f"{type(prefix).__name__}")
+        if capacity is None:
+            capacity = self._require_cache()
+        hp = self.hparams
+        if prefix.model != self.identity:
+            why = "; ".join(self.identity.differences(prefix.model))
+            raise PrefixMismatchError("prefix_model", f"the prefix was made by another model "
+                                      f"file than {self.model_file.path} ({why})")
+        dtype = self.capabilities.kv_cache_dtype
+        if prefix.kv_cache_dtype != dtype:
+            raise PrefixMismatchError("prefix_kv_cache_dtype", f"the prefix holds "
+                                      f"{prefix.kv_cache_dtype} K/V but this backend's cache is "
+                                      f"{dtype} (load with kv_cache_dtype="
+                                      f"{prefix.kv_cache_dtype!r}, or recompute the prefix)")
+        n = prefix.n_positions
+        want = (hp.n_layer, n, hp.n_head_kv, hp.head_dim)
+        if prefix.shape != want or prefix.tokens.shape != (n, hp.row_width) or n == 0:
+            raise PrefixMismatchError("prefix_shape", f"K/V {prefix.shape} and token rows "
+                                      f"{prefix.tokens.shape}; this model needs {want} and "
+                                      f"({n}, {hp.row_width}), with at least one position")
+        if n > capacity:
+            raise CacheOverflowError("capacity", f"the prefix holds {n} positions, more than the "
+                                     f"KV cache capacity max_seq_len={capacity}")
+        inputs.token_matrix(prefix.tokens, None, hp)  # ids and codes in range (a file's too)
+
+    def restore_prefix(self, prefix: "KVPrefix") -> str:
+        """Make cache positions [0, n) the prefix's; n_past = n. Needs an allocated cache that
+        holds it; refuses another model's prefix, another cache type or a wrong shape, leaving
+        everything as it was. Returns "written" (the backend wrote the saved K/V) or
+        "recomputed" (a backend without `writes_kv_cache`: the token rows were prefilled)."""
+        self.check_prefix(prefix)
+        n = prefix.n_positions
+        if not self.capabilities.writes_kv_cache:
+            self.reset()
+            self.prefill(prefix.tokens)
+            return "recomputed"
+        k, v = prefix.k, prefix.v
+        try:
+            self.backend.write_kv_cache(k, v)
+        except BaseException:
+            # rows were (partly) overwritten: whatever the cache held is gone
+            self._n_past, self._rows = 0, []
+            raise
+        self._n_past = n
+        self._rows = [prefix.tokens.copy()]
+        return "written"
 
     # ------------------------------------------------------------------ life cycle
     def close(self) -> None:
@@ -224,6 +321,7 @@ class SlowARModel:
         self.backend.close()
         self._max_seq_len = None
         self._n_past = 0
+        self._rows = []
 
     def __enter__(self) -> "SlowARModel":
         return self

@@ -124,3 +124,26 @@ def test_render_rewrites_chart_and_summary_from_json(quick_run, tmp_path, capsys
     assert (tmp_path / "earlier.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "Decode step" in (tmp_path / "earlier.md").read_text()
     assert "Decode step" in capsys.readouterr().out
+
+
+def test_voice_case_quick_run(tmp_path):
+    """`s2core bench --case voice --quick`: cold prompt vs restored prefix, both through the
+    real stream, in a child process; figures consistent (no time is compared with a bound)."""
+    rc = main(["--case", "voice", "--quick", "--backends", "numpy", "--out", str(tmp_path / "out"),
+               "--model-dir", str(tmp_path / "models")])
+    assert rc == 0
+    [path] = (tmp_path / "out").glob("voice-*.json")
+    report = json.loads(path.read_text())
+    p = report["prompt"]
+    assert p["reference_frames"] == 215 and p["text_tokens"] == 40
+    assert p["prefix_positions"] > 215 and p["rest_positions"] > 40
+    [r] = report["results"]
+    assert r["status"] == "ok" and r["backend"] == "numpy"
+    cold, warm = r["cold"], r["warm"]
+    assert cold["restored_positions"] == 0 and cold["prefilled_positions"] == r["prompt_positions"]
+    assert warm["restored_positions"] == p["prefix_positions"]
+    assert warm["prefilled_positions"] == p["rest_positions"] and not warm["recomputed"]
+    for case in (cold, warm):
+        assert 0 < case["prefill_ms"] <= case["prompt_ms"] < case["first_frame_ms"]
+    assert r["prompt_ratio"] == warm["prompt_ms"] / cold["prompt_ms"]
+    assert "prompt ratio" in path.with_suffix(".md").read_text()

@@ -141,6 +141,12 @@ class NumpyBackend(Backend):
         return tuple(c[:, :, :n_positions].transpose(0, 2, 1, 3).copy()
                      for c in (self._k, self._v))
 
+    def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
+        # float32 holding the cache type's values: exactly what read_kv_cache gave
+        n = k.shape[1]
+        self._k[:, :, :n] = k.transpose(0, 2, 1, 3)
+        self._v[:, :, :n] = v.transpose(0, 2, 1, 3)
+
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> np.ndarray:
         x = gather(self.embeddings, batch.token_ids)

@@ -38,6 +38,7 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
                         native_weight_types=frozenset({"f32"}) | (NUMBA_TYPES if numba_kernels
                                                                   else frozenset()),
                         widened_weight_dtype="f32", mapped_weight_types=frozenset({"f32"}),
+                        writes_kv_cache=True,
                         native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
                         if numba_kernels else ())
 

@@ -109,6 +109,10 @@ class TorchBackend(Backend):
         with torch.inference_mode():
             return self._cache.read(n_positions)
 
+    def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
+        with torch.inference_mode():
+            self._cache.write(k, v)
+
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> torch.Tensor:
         """SPEC 2.4 for every position, float32 (n, dim). One host-to-device copy per array."""

@@ -75,6 +75,14 @@ class KVCache:
                 rows = cache[layer, :, n_past:end]
                 rows.copy_(rows.to(self.dtype))
 
+    def write(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Rows [0, n) of every layer from float32 host arrays [n_layer, n, n_head_kv, d]
+        holding values of the cache type (so storing them in it is exact)."""
+        n = k.shape[1]
+        for cache, host in ((self.k, k), (self.v, v)):
+            rows = torch.from_numpy(np.ascontiguousarray(host)).transpose(1, 2)
+            cache[:, :, :n].copy_(rows.to(cache.device, cache.dtype))
+
     def read(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         """Float32 host copies [n_layer, n_positions, n_head_kv, head_dim] of K and V."""
         out = []

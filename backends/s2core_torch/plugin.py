@@ -63,7 +63,8 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         compute_dtype=compute_dtype, native_weight_types=NATIVE_WEIGHT_TYPES,
         # on the CPU the stored types are torch views of the memory map; CUDA copies them
         mapped_weight_types=frozenset() if on_cuda else NATIVE_WEIGHT_TYPES,
-        widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE)
+        widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE,
+        writes_kv_cache=True)
 
 
 def nvidia_driver_present() -> bool:

@@ -22,6 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="s2core bench",
         description="Measure every available backend on S2 Pro-shaped models: load, memory, "
                     "prefill, decode step (against the memory-bandwidth floor) and Fast-AR.")
+    p.add_argument("--case", choices=("backends", "voice"), default="backends",
+                   help="backends: load, prefill, decode step, Fast-AR per backend (default); "
+                        "voice: time to first frame with a cold prompt vs a restored voice "
+                        "prefix (types default f16)")
     p.add_argument("--layers", type=int,
                    help="Slow-AR layers of the model (default 4; 1 with --quick)")
     p.add_argument("--types", type=_csv,
@@ -53,6 +57,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                   context=args.context, steps=args.steps, prefill_tokens=args.prefill_tokens,
                   phase_budget_s=args.phase_budget_s, threads=args.threads, seed=args.seed,
                   model_dir=args.model_dir, out_dir=args.out)
+    if args.case == "voice" and args.types is None:
+        fields["types"] = ("f16",)
     if args.quick:
         return BenchConfig.quick_run(**fields)
     return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
@@ -77,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.steps < 1 or cfg.context < 1 or cfg.prefill_tokens < 1 or cfg.layers < 1:
         print("--steps, --context, --prefill-tokens and --layers must be positive", file=sys.stderr)
         return 2
+
+    if args.case == "voice":
+        from .voice import run_voice_benchmark, write_outputs as write_voice
+        return write_voice(run_voice_benchmark(cfg, _say), cfg.out_dir)
 
     from .runner import run_benchmark
 
@@ -109,6 +119,10 @@ def render(json_path: Path) -> int:
 
     report = json.loads(json_path.read_text())
     return write_outputs(report, json_path.with_suffix(""))
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _importable(module: str) -> bool:

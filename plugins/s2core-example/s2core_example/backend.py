@@ -92,6 +92,10 @@ class ExampleBackend(Backend):
     def read_kv_cache(self, n_positions):
         return self.cache[0, :, :n_positions].copy(), self.cache[1, :, :n_positions].copy()
 
+    def write_kv_cache(self, k, v):  # optional: restores a saved voice prefix without recomputing
+        n = k.shape[1]
+        self.cache[0, :, :n], self.cache[1, :, :n] = k, v
+
     def eval_cached(self, batch):
         start, end = batch.n_past, batch.n_past + batch.n_tokens
         x = self.embeddings[batch.token_ids]

@@ -5,7 +5,7 @@ from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CAPABILITIES = Capabilities(device="cpu", kv_cache_dtype="f32", supported_kv_cache_dtypes=("f32",),
                             compute_dtype="f32", native_weight_types=frozenset({"f32"}),
-                            widened_weight_dtype="f32")
+                            widened_weight_dtype="f32", writes_kv_cache=True)
 
 
 def probe() -> Probe:

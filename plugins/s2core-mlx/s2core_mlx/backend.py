@@ -77,6 +77,10 @@ class MlxBackend(Backend):
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         return self._cache.read(n_positions)
 
+    def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
+        with mx.stream(self.device):
+            self._cache.write(k, v)
+
     # ---------------------------------------------------------------- compute
     def eval_cached(self, batch: EvalBatch) -> tuple[mx.array, mx.array]:
         with mx.stream(self.device):

@@ -45,6 +45,16 @@ class KVCache:
         """Every buffer, for mx.eval at the end of a call."""
         return self.k + self.v
 
+    def write(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Rows [0, n) of every layer from float32 host arrays [n_layer, n, n_head_kv, d]
+        holding values of the cache type (the cast to it is exact)."""
+        n = k.shape[1]
+        for layers, host in ((self.k, k), (self.v, v)):
+            for i in range(len(layers)):
+                rows = mx.array(np.ascontiguousarray(host[i].transpose(1, 0, 2)))[None]
+                layers[i][:, :, :n, :] = rows.astype(self.dtype)
+        mx.eval(self.arrays())
+
     def read(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of K and V for positions [0, n_positions) as float32
         [n_layer, n_positions, n_head_kv, head_dim]."""

@@ -63,7 +63,7 @@ def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16", widened_weight_dt
         requires_single_token_semantic_prefill=False, kv_cache_dtype=kv_cache_dtype,
         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
         native_weight_types=NATIVE_WEIGHT_TYPES, widened_weight_dtype=widened_weight_dtype,
-        native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype])
+        native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype], writes_kv_cache=True)
 
 
 def _installed(distribution: str) -> bool:

@@ -1,0 +1,322 @@
+"""Text to audio codes end to end: tokenizer, prompt, voice prefix, generation (`s2core speak`).
+
+    result = speak(model, tokenizer, "Hello there.", voice="anna", voices_dir="voices")
+    result.codes                  # [num_codebooks, frames] int32, fish-speech's codes.npy layout
+
+A reference voice comes as codes [num_codebooks, T] plus transcript, or as a saved voice
+(`voice=`: a name in the voice directory or a path to an .s2voice file). With a saved voice the
+prompt's voice prefix (SPEC 7) is restored from the K/V stored for this model file, and only
+the text part is prefilled; when none is stored (or it was made by another model file, or for
+other token rows) the prefix is prefilled once and stored for the next time. `save_voice=`
+stores a reference as a voice (s2.cpp's .s2voice) with its prefix.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+import numpy as np
+
+from . import inputs
+from .errors import InvalidInputError, PrefixMismatchError
+from .generation import (GenerationConfig, GenerationStats, audio_seconds, check_prompt,
+                         stream)
+from .model import SlowARModel
+from .prefix import KVPrefix
+from .text.prompt import check_reference, split_prompt
+from .text.tokenizer import Tokenizer
+from .voice import SAMPLE_RATE, Voice
+from .voices import VoiceLibrary, check_name
+
+
+@dataclass
+class VoiceReport:
+    """What happened to the voice prefix."""
+
+    source: str = "none"      # "none", "reference" (codes given, nothing saved), "saved voice"
+    voice_path: Path | None = None
+    saved_voice: Path | None = None
+    prefix_path: Path | None = None
+    #: "restored" (stored K/V written back), "computed" (prefilled now and stored), "" (none)
+    prefix: str = ""
+    why_computed: str = ""
+    prefix_positions: int = 0
+    prefix_compute_s: float = 0.0
+    messages: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SpeakResult:
+    codes: np.ndarray                   # [num_codebooks, frames] int32
+    stats: GenerationStats
+    voice: VoiceReport
+    prompt_positions: int
+    prompt_build_s: float
+
+    @property
+    def frames(self) -> int:
+        return int(self.codes.shape[1])
+
+    @property
+    def audio_s(self) -> float:
+        return audio_seconds(self.frames)
+
+
+def speak(model: SlowARModel, tokenizer: Tokenizer, text: str, *,
+          reference_codes: Any = None, reference_text: str | None = None,
+          voice: str | Path | None = None, save_voice: str | None = None,
+          voices_dir: str | Path | None = None, config: GenerationConfig | None = None,
+          on_frame: Callable[[int, np.ndarray], Any] | None = None,
+          say: Callable[[str], None] = lambda msg: None) -> SpeakResult:
+    """Generate codes for `text` (see the module docstring). `on_frame(i, codes)` is called
+    after each frame (returning False stops); `say` receives progress messages."""
+    hp = model.hparams
+    config = config or GenerationConfig(im_end_id=tokenizer.im_end_id)
+    if config.im_end_id != tokenizer.im_end_id:
+        raise InvalidInputError("im_end_id", f"config.im_end_id {config.im_end_id} is not the "
+                                f"tokenizer's <|im_end|> ({tokenizer.im_end_id})")
+    library = VoiceLibrary(voices_dir)
+    report = VoiceReport()
+    if voice is not None and (reference_codes is not None or reference_text is not None):
+        raise InvalidInputError("voice_and_reference", "give either a saved voice or reference "
+                                "codes with their transcript, not both")
+    if save_voice is not None:
+        check_name(save_voice)
+    if voice is not None:
+        loaded, report.voice_path = library.load(voice)
+        loaded.check_fits(hp, str(report.voice_path))
+        reference_codes, reference_text = loaded.codes, loaded.transcript
+        report.source = "saved voice"
+        say(f"voice: {report.voice_path} ({loaded.n_frames} frames, transcript "
+            f"{_short(loaded.transcript)})")
+    codes = check_reference(reference_text, reference_codes, hp)
+    if codes is not None and report.source == "none":
+        report.source = "reference"
+    if save_voice is not None and codes is None:
+        raise InvalidInputError("save_voice", "saving a voice needs reference codes and their "
+                                "transcript (or a saved voice to copy)")
+
+    t = time.perf_counter()
+    prefix_rows, rest = split_prompt(tokenizer, text, reference_text, reference_codes,
+                                     hparams=hp)
+    prompt = np.vstack([prefix_rows, rest])
+    build_s = time.perf_counter() - t
+    check_prompt(model, prompt, config, None)  # every check before anything changes
+
+    if save_voice is not None:
+        report.saved_voice = library.save(save_voice, Voice(reference_text, codes.astype(np.int32),
+                                                            SAMPLE_RATE, hp.codebook_size))
+        report.voice_path = report.saved_voice
+        say(f"voice saved: {report.saved_voice}")
+    prefix = None
+    if report.voice_path is not None:
+        prefix = _voice_prefix(model, library, report, prefix_rows, say)
+
+    stats = GenerationStats()
+    frames = []
+    it = stream(model, prompt, config, prefix, stats)
+    try:
+        for frame in it:
+            frames.append(frame)
+            if on_frame is not None and on_frame(len(frames) - 1, frame) is False:
+                break
+    finally:
+        it.close()
+    out = (np.stack(frames, axis=1) if frames else np.zeros((hp.num_codebooks, 0), np.int64))
+    return SpeakResult(out.astype(np.int32), stats, report, len(prompt), build_s)
+
+
+def _voice_prefix(model: SlowARModel, library: VoiceLibrary, report: VoiceReport,
+                  rows: np.ndarray, say: Callable[[str], None]) -> KVPrefix:
+    """The stored prefix when it fits this model and these rows; else prefill it and store it."""
+    dtype = model.capabilities.kv_cache_dtype
+    report.prefix_path = library.prefix_path(report.voice_path, model.identity, dtype)
+    report.prefix_positions = len(rows)
+    stored, why = library.load_prefix(report.voice_path, model.identity, dtype)
+    if stored is not None:
+        try:
+            model.check_prefix(stored, len(rows))
+            if not np.array_equal(stored.tokens, inputs.canonical_rows(rows, model.hparams)):
+                raise PrefixMismatchError("prefix_tokens", "its token rows differ from this "
+                                          "voice's prompt (another tokenizer?)")
+            report.prefix = "restored"
+            say(f"voice prefix: restoring {len(rows)} positions from {report.prefix_path}")
+            return stored
+        except PrefixMismatchError as exc:
+            why = f"the stored prefix does not fit: {exc}"
+    report.prefix, report.why_computed = "computed", why
+    say(f"voice prefix: computing {len(rows)} positions ({why})")
+    t = time.perf_counter()
+    model.init_kv_cache(len(rows))
+    try:
+        model.prefill(rows)
+        prefix = model.save_prefix()
+    finally:
+        model.clear_kv_cache()
+    report.prefix_compute_s = time.perf_counter() - t
+    library.save_prefix(report.voice_path, prefix)
+    say(f"voice prefix: stored {report.prefix_path} for the next time")
+    return prefix
+
+
+def reference_from_npy(path: str | Path) -> np.ndarray:
+    """fish-speech's reference codes file: an .npy of integers [num_codebooks, T]."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError as exc:
+        raise InvalidInputError("reference_codes_file", f"reference codes file not found: "
+                                f"{path}") from exc
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError("reference_codes_file", f"{path}: not a NumPy .npy array of "
+                                f"codes: {exc}") from exc
+
+
+def _short(text: str, n: int = 48) -> str:
+    return repr(text if len(text) <= n else text[:n - 3] + "...")
+
+
+# ---------------------------------------------------------------------- progress and report
+class FrameProgress:
+    """Frames, frames/s and seconds of audio while generating: a live line on a terminal,
+    a line every few seconds in a log."""
+
+    def __init__(self, stream: TextIO | None = None, every_s: float = 5.0):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.every_s = every_s
+        self.start = time.perf_counter()
+        self.last = self.start
+        self.frames = 0
+
+    def __call__(self, i: int, codes: np.ndarray) -> None:
+        self.frames = i + 1
+        now = time.perf_counter()
+        if self.tty or now - self.last >= self.every_s:
+            self.last = now
+            self.stream.write(("\r" if self.tty else "") + self.line(now) + ("" if self.tty
+                                                                             else "\n"))
+            self.stream.flush()
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = (now or time.perf_counter()) - self.start
+        rate = self.frames / elapsed if elapsed > 0 else 0.0
+        return (f"generating: {self.frames} frames, {rate:.1f} frames/s, "
+                f"{audio_seconds(self.frames):.1f} s of audio")
+
+    def close(self) -> None:
+        if self.tty and self.frames:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def report_lines(result: SpeakResult, load_s: float | None = None,
+                 tokenizer_s: float | None = None) -> list[str]:
+    """The timing table printed at the end of `s2core speak` and `s2core demo`."""
+    s, v = result.stats, result.voice
+    lines = [f"{'phase':<22}{'seconds':>9}  notes"]
+
+    def row(name: str, seconds: float | None, note: str = "") -> None:
+        lines.append(f"{name:<22}{'' if seconds is None else f'{seconds:9.3f}':>9}  {note}")
+
+    if tokenizer_s is not None:
+        row("tokenizer", tokenizer_s)
+    if load_s is not None:
+        row("model load", load_s)
+    row("prompt", result.prompt_build_s, f"{result.prompt_positions} positions")
+    if v.prefix == "computed":
+        row("voice prefix", v.prefix_compute_s, f"{v.prefix_positions} positions prefilled "
+            f"and stored ({v.why_computed})")
+    if s.restored_positions:
+        how = "recomputed by the backend" if s.prefix_recomputed else "restored"
+        row("prefix restore", s.restore_s, f"{s.restored_positions} positions {how}")
+    rate = s.prefilled_positions / s.prefill_s if s.prefill_s > 0 else 0.0
+    row("prefill", s.prefill_s, f"{s.prefilled_positions} positions ({rate:.0f}/s)")
+    row("first frame", s.first_frame_s, "from the start of generation")
+    gen_s = s.total_s - s.restore_s - s.prefill_s
+    fps = s.frames / gen_s if gen_s > 0 else 0.0
+    audio = audio_seconds(s.frames)
+    row("generation", gen_s, f"{s.frames} frames, {fps:.1f} frames/s, {audio:.2f} s of audio"
+        + (f" ({audio / s.total_s:.2f}x real time)" if s.total_s > 0 and s.frames else ""))
+    if s.step_s:
+        row("  step (Slow-AR)", float(np.sum(s.step_s)),
+            f"median {np.median(s.step_s) * 1e3:.1f} ms")
+    if s.fast_decode_s:
+        row("  Fast-AR codes", float(np.sum(s.fast_decode_s)),
+            f"median {np.median(s.fast_decode_s) * 1e3:.1f} ms a frame")
+    row("  sampling", s.sample_s, "main tokens")
+    row("total", s.total_s, f"stopped by {s.stopped_by}")
+    return lines
+
+
+# ---------------------------------------------------------------------- the command
+def run_command(args: Any, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """`s2core speak` (arguments wired in s2core.cli)."""
+    import s2core
+
+    def say(msg: str) -> None:
+        print(msg, file=err, flush=True)
+
+    reference = None if args.reference_codes is None else reference_from_npy(args.reference_codes)
+    t = time.perf_counter()
+    tokenizer = Tokenizer.from_file(args.tokenizer)
+    tokenizer_s = time.perf_counter() - t
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_tokens_before_end=args.min_tokens_before_end, seed=args.seed,
+        im_end_id=tokenizer.im_end_id)
+    options = {} if args.kv_cache_dtype is None else {"kv_cache_dtype": args.kv_cache_dtype}
+    t = time.perf_counter()
+    model = s2core.load(args.model, backend=args.backend, **options)
+    load_s = time.perf_counter() - t
+    caps = model.capabilities
+    print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
+          f"KV cache {caps.kv_cache_dtype})", file=out)
+    progress = FrameProgress(err)
+    try:
+        result = speak(model, tokenizer, args.text, reference_codes=reference,
+                       reference_text=args.reference_text, voice=args.voice,
+                       save_voice=args.save_voice, voices_dir=args.voices_dir, config=config,
+                       on_frame=progress, say=say)
+    finally:
+        progress.close()
+        model.close()
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out_path, result.codes)
+    for line in report_lines(result, load_s, tokenizer_s):
+        print(line, file=out)
+    print(f"wrote        {out_path}: codes {list(result.codes.shape)} int32 "
+          f"([num_codebooks, frames], {result.audio_s:.2f} s of audio)", file=out)
+    return 0
+
+
+def add_arguments(p: Any) -> None:
+    """The `s2core speak` options (s2.cpp's names where it has them)."""
+    p.add_argument("model", help="GGUF model file (s2.cpp's)")
+    p.add_argument("--tokenizer", required=True, help="the model's tokenizer.json")
+    p.add_argument("--text", required=True, help="text to speak")
+    p.add_argument("--reference-codes", metavar="NPY",
+                   help="reference voice codes: .npy integers [num_codebooks, T] (fish-speech's)")
+    p.add_argument("--reference-text", help="transcript of the reference voice")
+    p.add_argument("--voice", metavar="NAME|PATH",
+                   help="a saved voice: NAME in --voices-dir, or a path to an .s2voice file")
+    p.add_argument("--save-voice", metavar="NAME",
+                   help="store the reference as voice NAME (.s2voice + its KV prefix)")
+    p.add_argument("--voices-dir", metavar="DIR",
+                   help="voice directory (default $S2CORE_VOICES, else ./voices as s2.cpp)")
+    g = GenerationConfig()
+    p.add_argument("--max-new-tokens", type=int, default=g.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=g.temperature)
+    p.add_argument("--top-p", type=float, default=g.top_p)
+    p.add_argument("--top-k", type=int, default=g.top_k)
+    p.add_argument("--min-tokens-before-end", type=int, default=g.min_tokens_before_end)
+    p.add_argument("--seed", type=int, default=None, help="default: fresh randomness (s2.cpp)")
+    p.add_argument("--backend", default=None, help="backend name (default: auto)")
+    p.add_argument("--kv-cache-dtype", default=None, help="KV cache type (default: the "
+                   "backend's, f16 as s2.cpp)")
+    p.add_argument("--out", default="codes.npy",
+                   help="output .npy: codes [num_codebooks, frames] int32 (default codes.npy)")
