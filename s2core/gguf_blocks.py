@@ -1,0 +1,51 @@
+"""Facts about GGUF's quantized block layouts that every backend keeping blocks as stored needs.
+
+A quantized block is codes plus one or two float16 scale fields (d, and m or dmin). A backend
+that computes from the blocks (a dequantizing kernel, an MLX affine layout) reproduces gguf's
+dequantization for finite scales; an infinity or NaN in a scale can come out differently from
+a fused kernel than from gguf's element-wise decoding (which value, inf or NaN, and where). So
+a tensor with any non-finite scale is widened instead, exactly as gguf decodes it: the same rule
+the NumPy backend applies to F16 tensors holding an infinity or NaN.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+#: byte offsets of each block type's float16 scale fields (d, m/dmin), within one block
+SCALE_FIELDS: dict[QT, tuple[int, ...]] = {
+    QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q4_1: (0, 2), QT.Q5_1: (0, 2),
+    QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+}
+
+#: the block types listed above: GGUF's quantized types that s2core reads
+QUANTIZED_TYPES: frozenset[QT] = frozenset(SCALE_FIELDS)
+
+#: types whose blocks hold 256 values in 16-value sub-blocks with their own scales
+SIXTEEN_VALUE_SUB_BLOCKS: frozenset[QT] = frozenset({QT.Q2_K, QT.Q3_K, QT.Q6_K})
+
+
+def block_shape(qtype: QT) -> tuple[int, int]:
+    """(values, bytes) of one block."""
+    values, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    return int(values), int(nbytes)
+
+
+def non_finite_scale_blocks(blocks: np.ndarray, qtype: QT) -> int:
+    """How many blocks of a quantized tensor have an infinite or NaN scale field.
+
+    `blocks`: the raw tensor as ModelFile.raw() gives it (uint8, rows x bytes per row)."""
+    _, nbytes = block_shape(qtype)
+    flat = np.asarray(blocks, dtype=np.uint8).reshape(-1, nbytes)
+    bad = np.zeros(flat.shape[0], dtype=bool)
+    for offset in SCALE_FIELDS[qtype]:
+        bits = flat[:, offset].astype(np.uint16) | (flat[:, offset + 1].astype(np.uint16) << 8)
+        bad |= (bits & 0x7C00) == 0x7C00  # float16 exponent all ones: infinity or NaN
+    return int(bad.sum())
+
+
+class NonFiniteScalesWarning(UserWarning):
+    """A quantized tensor holds an infinite or NaN scale, so a backend that keeps blocks as
+    stored widens it instead (its numbers are then exactly gguf's dequantization)."""
