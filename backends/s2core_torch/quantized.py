@@ -71,9 +71,9 @@ class SlabBuffer:
         return self._flat[:n].view(rows, cols)
 
 
-def slabs(n_rows: int, n_cols: int, max_elements: int = SLAB_ELEMENTS):
-    """(start, stop) row ranges of at most max_elements values each."""
-    step = max(1, max_elements // n_cols)
+def slabs(n_rows: int, n_cols: int):
+    """(start, stop) row ranges of at most SLAB_ELEMENTS values each."""
+    step = max(1, SLAB_ELEMENTS // n_cols)
     for start in range(0, n_rows, step):
         yield start, min(start + step, n_rows)
 

@@ -20,6 +20,8 @@ Importing this module imports triton: only the CUDA path (and the tests) do.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -31,11 +33,14 @@ from s2core.gguf_blocks import block_shape
 SUPPORTED_TYPES = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
                              QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K})
 
+#: the kernels run under Triton's interpreter (NumPy on the CPU), not compiled
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 #: columns per tile: one K-quant super-block, eight legacy blocks
 BLOCK_K = 256
-#: output rows per program of qmv / rows per program of dequantize_into
-QMV_BLOCK_N = 16
-DEQUANT_BLOCK_N = 16
+#: output rows per program of qmv / rows per program of dequantize_into. The interpreter runs
+#: programs one after another at ~30 ms each whatever their size: far fewer, larger ones there
+QMV_BLOCK_N = 128 if INTERPRETED else 16
+DEQUANT_BLOCK_N = 128 if INTERPRETED else 16
 
 
 @triton.jit
