@@ -33,6 +33,28 @@ def block_shape(qtype: QT) -> tuple[int, int]:
     return int(values), int(nbytes)
 
 
+def random_blocks(qtype: QT, rows: int, blocks_per_row: int, seed: int,
+                  scale: float | None = None) -> np.ndarray:
+    """Random valid blocks: raw rows (rows, blocks_per_row * block bytes) uint8, as
+    ModelFile.raw() gives them. Random bytes are a valid block of every type once its float16
+    fields are finite: this reaches every bit pattern of the codes and packed sub-block scales.
+
+    scale None: the scale fields are float16 of both signs from subnormals to ~1e3, 5 % exact
+    zeros (kernel tests). Else they are positive, between 0.5 and 1.5 times `scale`
+    (S2 Pro-sized files for timing, written in seconds where quantizing takes minutes)."""
+    _, nbytes = block_shape(qtype)
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, (rows * blocks_per_row, nbytes), dtype=np.uint8)
+    for offset in SCALE_FIELDS[qtype]:
+        if scale is None:
+            halves = rng.standard_normal(b.shape[0]) * 10.0 ** rng.integers(-7, 4, b.shape[0])
+            halves[rng.random(b.shape[0]) < 0.05] = 0.0
+        else:
+            halves = scale * (0.5 + rng.random(b.shape[0]))
+        b[:, offset:offset + 2] = halves.astype("<f2").view(np.uint8).reshape(-1, 2)
+    return b.reshape(rows, blocks_per_row * nbytes)
+
+
 def non_finite_scale_blocks(blocks: np.ndarray, qtype: QT) -> int:
     """How many blocks of a quantized tensor have an infinite or NaN scale field.
 

@@ -18,6 +18,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from ..gguf_blocks import QUANTIZED_TYPES
+from ..gguf_blocks import random_blocks as _random_blocks
 from ..hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
 from ..layout import expected_tensors, is_norm
 from .kquants import quantize_k
@@ -157,13 +159,21 @@ class WrittenModel:
     tensor_types: dict[str, str]  # name -> GGUF type actually written
 
 
+#: the scale fields of random quantized blocks (random_blocks=True): weights of order 1e-2
+RANDOM_BLOCK_SCALE = 3e-5
+
+
 def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", seed: int = 0,
                 include_codec: bool = False, name: str = "s2core random test model",
-                progress: Callable[[int, int], None] | None = None) -> WrittenModel:
+                progress: Callable[[int, int], None] | None = None,
+                random_blocks: bool = False) -> WrittenModel:
     """Write a GGUF file in s2.cpp's layout for hparams `hp` with random weights.
 
     `include_codec` adds a few `c.*` codec tensors and `fish_speech.codec.*` keys, as real
     files have, which readers must ignore. `progress(done, total)` is called per tensor.
+    `random_blocks`: quantized tensors get random valid blocks instead of quantized random
+    weights, for timing S2 Pro-sized files (the K-quant quantizer takes minutes a layer; a
+    step's time does not depend on the values). Their numbers mean nothing else.
     """
     if weight_type not in WEIGHT_TYPES and weight_type not in MIXED_TYPES:
         raise ValueError(f"weight_type {weight_type!r} not in "
@@ -188,7 +198,13 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for done, (tname, shape, qt) in enumerate(plan, 1):
-        writer.write_tensor_data(encode(random_weight(tname, shape, seed), qt))
+        if random_blocks and qt in QUANTIZED_TYPES:
+            values = gguf.GGML_QUANT_SIZES[qt][0]
+            data = _random_blocks(qt, shape[0], shape[1] // values, seed + done,
+                                  RANDOM_BLOCK_SCALE)
+        else:
+            data = encode(random_weight(tname, shape, seed), qt)
+        writer.write_tensor_data(data)
         if progress:
             progress(done, len(plan))
     writer.close()

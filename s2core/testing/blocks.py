@@ -1,27 +1,14 @@
-"""Random GGUF quantized blocks for kernel tests: every bit pattern of the codes and of the
-packed sub-block scales, with finite float16 scale fields (or chosen non-finite ones)."""
+"""Random GGUF quantized blocks for kernel tests (s2core.gguf_blocks.random_blocks), and a way
+to plant a chosen scale (an infinity, a NaN) in one of them."""
 
 from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ..gguf_blocks import SCALE_FIELDS, block_shape
+from ..gguf_blocks import SCALE_FIELDS, block_shape, random_blocks
 
-
-def random_blocks(qtype: QT, rows: int, blocks_per_row: int, seed: int) -> np.ndarray:
-    """Raw rows (rows, blocks_per_row * block bytes) uint8, as ModelFile.raw() gives them.
-
-    Random bytes are a valid block of every type once its float16 fields are finite; those are
-    set to finite float16 of both signs from subnormals to ~1e3, 5 % exact zeros."""
-    _, nbytes = block_shape(qtype)
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, (rows * blocks_per_row, nbytes), dtype=np.uint8)
-    for offset in SCALE_FIELDS[qtype]:
-        halves = rng.standard_normal(b.shape[0]) * 10.0 ** rng.integers(-7, 4, b.shape[0])
-        halves[rng.random(b.shape[0]) < 0.05] = 0.0
-        b[:, offset:offset + 2] = halves.astype("<f2").view(np.uint8).reshape(-1, 2)
-    return b.reshape(rows, blocks_per_row * nbytes)
+__all__ = ["random_blocks", "set_scale"]
 
 
 def set_scale(blocks: np.ndarray, qtype: QT, block: int, value: float, field: int = 0) -> None:
