@@ -511,7 +511,8 @@ def run_timing(args: argparse.Namespace, dtypes: list[str], result: dict) -> Non
             "q4_k_m holds random valid blocks (timing only)")
         for weight_type, path, _ in models:
             runs = [("torch", {"device": args.device, "dtype": d}) for d in dtypes]
-            if weight_type != "f16":  # the old default, for comparison
+            if weight_type != "f16":  # kept as stored (CUDA's default), and widened as before
+                runs = [("torch", {**o, "quantized": "stored"}) for _, o in runs]
                 runs.append(("torch", {"device": args.device, "dtype": dtypes[-1],
                                        "quantized": "widen"}))
             if not args.skip_numpy:
