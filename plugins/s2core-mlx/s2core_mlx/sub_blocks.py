@@ -108,9 +108,14 @@ def convert_split(blocks: np.ndarray, qtype: QT) -> AffineWeights:
         chunk = blocks[start:start + step]
         n = chunk.shape[0]
         u, scale, bias = _DECODERS[qtype](chunk.reshape(-1, nbytes))
-        padded = np.zeros((n * cols // SUB_BLOCK, GROUP_SIZE), np.uint8)
-        padded[:, :SUB_BLOCK] = u.reshape(-1, SUB_BLOCK)
-        out.packed[start:start + n] = pack(padded.reshape(n, 2 * cols), bits)
+        # A group's 16 codes fill 2 x bits bytes of its bit stream, the 16 zero codes the
+        # other 2 x bits: pack the codes alone and place them in zeroed groups.
+        # (Packed 32 at a time: 16 codes of 3 bits are not whole uint32 words; each run of 8
+        # codes fills exactly `bits` bytes, so the stream splits at every 16th code.)
+        codes = pack(u.reshape(-1, GROUP_SIZE), bits).view(np.uint8).reshape(-1, 2 * bits)
+        groups = out.packed[start:start + n].view(np.uint8).reshape(-1, 4 * bits)
+        groups[:, :2 * bits] = codes
+        groups[:, 2 * bits:] = 0
         out.scales[start:start + n] = scale.reshape(n, -1)
         out.biases[start:start + n] = bias.reshape(n, -1)
     return out
