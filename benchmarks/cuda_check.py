@@ -23,8 +23,8 @@
    on CUDA copies every tensor to the GPU and releases them all: more than 10 % left is
    reported as a problem).
 
-Prints a table, writes JSON to --out, exits non-zero on any failure. About 7 minutes on an
-H200. Without a GPU, `--device cpu --layers 1` is a dry run of the same steps (the Triton
+Prints a table, writes JSON to --out, exits non-zero on any failure. Estimated at 7-10
+minutes on an H200 (not yet run on a GPU; the CPU dry run below takes 11 minutes here). Without a GPU, `--device cpu --layers 1` is a dry run of the same steps (the Triton
 kernels then run under the interpreter in a child process, on small matrices).
 """
 
