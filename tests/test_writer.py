@@ -89,3 +89,35 @@ def test_same_seed_same_bytes_and_a_crash_leaves_no_partial_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_model(tmp_path / "c.gguf", tiny_hparams(), "f16", progress=boom)
     assert not (tmp_path / "c.gguf").exists()
+
+
+@pytest.mark.parametrize("weight_type,base", [("q4_k_m", "q4_k"), ("q5_k_m", "q5_k")])
+def test_mixed_files_give_some_tensors_more_bits_like_llama_cpp(tmp_path, weight_type, base):
+    """s2-pro-q4_k_m.gguf's recipe: the tied table and some layers' w2 in Q6_K, the rest in
+    the base type; general.file_type says which recipe."""
+    hp = replace(tiny_hparams(), dim=256, ffn=256, n_head=4, head_dim=64, n_head_kv=2,
+                 n_layer=8)
+    hp = replace(hp, fast=replace(hp.fast, dim=256, ffn=256, head_dim=64))
+    written = write_model(tmp_path / f"{weight_type}.gguf", hp, weight_type, seed=5)
+    types = written.tensor_types
+    assert types["embeddings.weight"] == "q6_k"
+    more = [i for i in range(8) if types[f"layers.{i}.feed_forward.w2.weight"] == "q6_k"]
+    assert more == [0, 3, 6, 7]  # first and last eighth, every third in between
+    assert {types[f"layers.{i}.feed_forward.w1.weight"] for i in range(8)} == {base}
+    assert types["fast_layers.0.feed_forward.w2.weight"] == base
+    mf = ModelFile(written.path)
+    assert {t.type_name for t in mf.model_tensors()} == {"f32", base, "q6_k"}
+    assert int(mf.metadata["general.file_type"]) == int(
+        {"q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M}[
+            weight_type])
+
+
+def test_random_blocks_write_an_s2pro_sized_layer_fast(tmp_path):
+    """Timing files: random valid blocks of every quantized tensor, finite weights of order
+    1e-2, written without the K-quant quantizer."""
+    hp = replace(tiny_hparams(), dim=256, ffn=512, n_head=4, head_dim=64, n_head_kv=2)
+    hp = replace(hp, fast=replace(hp.fast, dim=256, ffn=512, head_dim=64))
+    mf = ModelFile(write_model(tmp_path / "r.gguf", hp, "q4_k_m", random_blocks=True).path)
+    w = mf.dequantize("layers.1.feed_forward.w2.weight")
+    assert mf.info("layers.1.feed_forward.w2.weight").type_name == "q6_k"
+    assert np.isfinite(w).all() and 1e-3 < float(np.abs(w).max()) < 1.0

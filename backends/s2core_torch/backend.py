@@ -6,6 +6,14 @@ Options (keyword arguments of `s2core.load(..., backend="torch")`):
   kv_cache_dtype                 "f16" (default, as s2.cpp), "bf16", "f32"; on the CPU an f16 or
                                  bf16 cache is held in float32 (rounded values; see kv_cache)
   single_token_semantic_prefill  None (auto), True, False: see `capabilities`
+  quantized   GGUF's quantized types: "stored" (kept as their blocks, products computed from
+              them: quantized.py) or "widen" (dequantized on load to f16 on the CPU, the
+              compute dtype on CUDA); default $S2CORE_TORCH_QUANTIZED, else "stored" on CUDA
+              with Triton, "widen" otherwise (plugin.default_quantized_mode says why)
+  quant_kernels  products from stored blocks: "triton" (fused dequantizing GEMV + dequantize
+                 for cuBLAS; CUDA, or the CPU under TRITON_INTERPRET=1) or "torch"
+                 (dequantize per product into a reused buffer); default triton on CUDA when
+                 installed
 
 On the CPU, matrix-vector products with f16/bf16 weights take activations of the weight's type
 (torch's fast half GEMV; ggml does the same), so capabilities.compute_dtype says "f16" or "bf16"
@@ -40,15 +48,18 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, model_file: ModelFile, device: Any = None, dtype: str | None = None,
-                 kv_cache_dtype: str = "f16", single_token_semantic_prefill: bool | None = None):
+                 kv_cache_dtype: str = "f16", single_token_semantic_prefill: bool | None = None,
+                 quantized: str | None = None, quant_kernels: str | None = None):
         super().__init__(model_file)
-        opts = options.resolve(device, dtype, kv_cache_dtype, single_token_semantic_prefill)
+        opts = options.resolve(device, dtype, kv_cache_dtype, single_token_semantic_prefill,
+                               quantized, quant_kernels)
         self.options = opts
         self.device = opts.device
         hp = self.hparams
         compute = options.TORCH_DTYPES[opts.compute_dtype]
         widened = compute if opts.on_cuda else torch.float16
-        load = WeightLoader(model_file, self.device, widened)
+        load = WeightLoader(model_file, self.device, widened,
+                            keep_quantized=opts.quantized == "stored")
 
         self.embeddings = load.matrix("embeddings.weight")  # also the tied output matrix
         self.codebooks = load.matrix("codebook_embeddings.weight")
@@ -60,7 +71,9 @@ class TorchBackend(Backend):
 
         matrices = [self.embeddings] + [w for b in self.layers for w in b.matrices()]
         matrices += self.fast.matrices() if self.fast else []
-        self.matmul = ops.Matmul(self.device, compute)
+        self.matmul = ops.Matmul(self.device, compute, opts.quant_kernels)
+        #: quantized tensors widened although kept as stored (infinite or NaN scales)
+        self.widened_non_finite = tuple(load.widened_non_finite)
         self.output_product = ops.OutputProduct(self.matmul, self.device)
         # On the CPU, attention runs in float32: it streams K/V, not weights, and is a small
         # part of a step. On CUDA it takes the compute dtype (the flash kernels want halves).
@@ -70,23 +83,26 @@ class TorchBackend(Backend):
         self._rope: torch.Tensor | None = None  # (max_seq_len, head_dim/2), with the cache
         self._caps = self._capabilities(matrices)
 
-    def _capabilities(self, matrices: list[torch.Tensor]) -> Capabilities:
+    def _capabilities(self, matrices: list) -> Capabilities:
         opts = self.options
         if opts.on_cuda:
             compute_name = opts.compute_dtype
-        else:  # the coarsest activation type fed to a product (see ops.Matmul)
-            kinds = {w.dtype for w in matrices}
+        else:  # the coarsest activation type fed to a product (see ops.Matmul); stored
+            # quantized weights multiply float32 activations on the CPU
+            kinds = {w.dtype for w in matrices if isinstance(w, torch.Tensor)}
             compute_name = next((_DTYPE_NAMES[t] for t in (torch.bfloat16, torch.float16)
                                  if t in kinds), "f32")
-        # s2.cpp prefills semantic positions one at a time on CUDA only because its embedding
-        # tables stay quantized there; here every table is dequantized on load, so auto = off.
+        # s2.cpp prefills semantic positions one at a time on CUDA only because its quantized
+        # embedding lookups there are unstable; here a lookup decodes its rows exactly as gguf
+        # does (dequant.py), whether the table is kept quantized or widened: auto = off.
         single = bool(opts.single_token_semantic_prefill)
         n_layer = self.hparams.n_layer
         held = storage_dtype(self.cache_dtype, self.attention_dtype, hold_wide=not opts.on_cuda)
         return torch_capabilities(opts.device_name, compute_name, opts.kv_cache_dtype,
                                   n_accelerated_layers=n_layer if opts.on_cuda else 0,
                                   single_token_semantic_prefill=single,
-                                  kv_cache_storage_dtype=_DTYPE_NAMES[held])
+                                  kv_cache_storage_dtype=_DTYPE_NAMES[held],
+                                  quantized=opts.quantized)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -121,9 +137,9 @@ class TorchBackend(Backend):
         codebook_ids = torch.from_numpy(batch.codebook_ids).to(dev)
         mask = torch.from_numpy(batch.semantic_mask).to(dev)
         scale = torch.from_numpy(batch.scale).to(dev)
-        x = self.embeddings[token_ids].float()
+        x = ops.gather(self.embeddings, token_ids)
         # Text positions gather codebook row 0 (the core points them there) and mask it out.
-        codes = self.codebooks[codebook_ids].float().sum(dim=1)
+        codes = ops.gather(self.codebooks, codebook_ids).sum(dim=1)
         return (x + mask[:, None] * codes) * scale[:, None]
 
     @torch.inference_mode()
@@ -261,7 +277,7 @@ class FastDecoder:
         if codes is not None and len(codes):
             if not rows and not state.length:
                 raise ValueError("a FastState starts with its hidden state")
-            rows.append(self.embeddings[codes])
+            rows.append(ops.gather(self.embeddings, codes))
         x = torch.cat([r.float() for r in rows]) if len(rows) > 1 else rows[0].float()
         return self._run(state, x, mm, output_product)
 

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .quantized import QuantizedMatrix, QuantizedProducts
+
 HALF = (torch.float16, torch.bfloat16)
 
 #: On the CPU, products of at most this many rows with an f16/bf16 weight run in the weight's
@@ -112,15 +114,20 @@ class Matmul:
     CUDA: activations and weight in the compute dtype (a weight stored otherwise is converted
     at use). CPU: f32 weights in f32; f16/bf16 weights in their own type for up to
     CPU_HALF_MAX_ROWS rows (torch's half GEMV accumulates in f32 but rounds its output to the
-    half type), widened to f32 at use above that.
+    half type), widened to f32 at use above that. Quantized weights kept as stored go to
+    `quantized` (quantized.QuantizedProducts, with the kernels named by `quant_kernels`).
     """
 
-    def __init__(self, device: torch.device, compute_dtype: torch.dtype):
+    def __init__(self, device: torch.device, compute_dtype: torch.dtype,
+                 quant_kernels: str = "torch"):
         self.on_cuda = device.type == "cuda"
         self.compute_dtype = compute_dtype
         self.widen = WeightWidener()
+        self.quantized = QuantizedProducts(device, compute_dtype, quant_kernels)
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, w: torch.Tensor | QuantizedMatrix) -> torch.Tensor:
+        if isinstance(w, QuantizedMatrix):
+            return self.quantized(x, w)
         if self.on_cuda:
             return F.linear(x.to(self.compute_dtype), w.to(self.compute_dtype))
         if w.dtype not in HALF:
@@ -143,7 +150,9 @@ class OutputProduct:
         self.f32_output = matmul.on_cuda and matmul.compute_dtype in HALF and _mm_dtype_works(
             matmul.compute_dtype, device)
 
-    def __call__(self, table: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def __call__(self, table: torch.Tensor | QuantizedMatrix, h: torch.Tensor) -> torch.Tensor:
+        if isinstance(table, QuantizedMatrix):  # float32 out of the kernel itself
+            return self.matmul.quantized(h[None], table, out_dtype=torch.float32)[0]
         if self.f32_output:
             dtype = self.matmul.compute_dtype
             return torch.ops.aten.mm.dtype(h.to(dtype)[None], table.to(dtype).t(), torch.float32)[0]
@@ -157,6 +166,14 @@ def _mm_dtype_works(dtype: torch.dtype, device: torch.device) -> bool:
         return torch.ops.aten.mm.dtype(a, a.t(), torch.float32).dtype == torch.float32
     except (RuntimeError, NotImplementedError, AttributeError):
         return False
+
+
+def gather(table: torch.Tensor | QuantizedMatrix, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a lookup table as float32, ids.shape + (in,); a quantized table decodes
+    only those rows."""
+    if isinstance(table, QuantizedMatrix):
+        return table.rows(ids)
+    return table[ids].float()
 
 
 def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

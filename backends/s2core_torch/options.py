@@ -11,8 +11,12 @@ import torch
 from s2core.backend import check_option
 from s2core.errors import BackendUnavailableError, InvalidInputError
 
-from .plugin import (CACHE_DTYPES, COMPUTE_DTYPES, ENV_DEVICE, ENV_DTYPE, device_kind,
+from .plugin import (CACHE_DTYPES, COMPUTE_DTYPES, ENV_DEVICE, ENV_DTYPE, ENV_QUANTIZED,
+                     QUANTIZED_MODES, default_quantized_mode, device_kind, triton_installed,
                      valid_device_name)
+
+#: the `quant_kernels` option: how products from stored quantized weights are computed
+QUANT_KERNELS = ("triton", "torch")
 
 TORCH_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -23,6 +27,8 @@ class Options:
     compute_dtype: str          # "f32" | "f16" | "bf16" (on the CPU always "f32", see ops.Matmul)
     kv_cache_dtype: str         # "f16" | "bf16" | "f32"
     single_token_semantic_prefill: bool | None  # None = auto
+    quantized: str = "widen"    # "stored" | "widen": quantized GGUF types kept or dequantized
+    quant_kernels: str = "torch"  # "triton" | "torch" (quantized.QuantizedProducts)
 
     @property
     def on_cuda(self) -> bool:
@@ -34,7 +40,8 @@ class Options:
 
 
 def resolve(device: Any = None, dtype: str | None = None, kv_cache_dtype: str = "f16",
-            single_token_semantic_prefill: bool | None = None) -> Options:
+            single_token_semantic_prefill: bool | None = None, quantized: str | None = None,
+            quant_kernels: str | None = None) -> Options:
     """Validate the keyword options; None means the environment's choice, then the default."""
     dev = _resolve_device(device)
     kind = dev.type
@@ -47,7 +54,27 @@ def resolve(device: Any = None, dtype: str | None = None, kv_cache_dtype: str = 
         raise InvalidInputError(
             "single_token_semantic_prefill", "single_token_semantic_prefill must be None (auto), "
             f"True or False, got {single_token_semantic_prefill!r}")
-    return Options(dev, dtype, kv_cache_dtype, single_token_semantic_prefill)
+    quantized = quantized if quantized is not None else (
+        os.environ.get(ENV_QUANTIZED, "").strip() or default_quantized_mode(kind, triton_installed()))
+    check_option("quantized", quantized, QUANTIZED_MODES)
+    return Options(dev, dtype, kv_cache_dtype, single_token_semantic_prefill, quantized,
+                   _resolve_kernels(quant_kernels, kind))
+
+
+def _resolve_kernels(quant_kernels: str | None, kind: str) -> str:
+    """None: Triton's on CUDA when it is installed, torch's otherwise. Triton's kernels run on
+    CUDA, or on the CPU under its interpreter (TRITON_INTERPRET=1: what the tests use)."""
+    if quant_kernels is None:
+        return "triton" if kind == "cuda" and triton_installed() else "torch"
+    check_option("quant_kernels", quant_kernels, QUANT_KERNELS)
+    if quant_kernels == "triton":
+        if not triton_installed():
+            raise BackendUnavailableError("quant_kernels='triton': triton is not installed "
+                                          "(pip install 's2core[triton]')")
+        if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendUnavailableError("quant_kernels='triton' runs on CUDA, or on the CPU "
+                                          "only under Triton's interpreter (TRITON_INTERPRET=1)")
+    return quant_kernels
 
 
 def _resolve_device(device: Any) -> torch.device:

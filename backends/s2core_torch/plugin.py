@@ -14,12 +14,19 @@ from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 ENV_DEVICE = "S2CORE_TORCH_DEVICE"
 ENV_DTYPE = "S2CORE_TORCH_DTYPE"
+ENV_QUANTIZED = "S2CORE_TORCH_QUANTIZED"
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
 #: compute dtypes per device kind; the CPU computes in f32 (half weights aside, see below)
 COMPUTE_DTYPES = {"cpu": ("f32",), "cuda": ("f32", "f16", "bf16")}
 #: F32, F16 and BF16 tensors are used as stored; quantized types are widened on load
 NATIVE_WEIGHT_TYPES = frozenset({"f32", "f16", "bf16"})
+#: GGUF's quantized types, kept as stored with quantized="stored" (computed from the blocks:
+#: quantized.py); every tensor keeps its own type, so mixed files (q4_k_m) are covered
+QUANTIZED_WEIGHT_TYPES = frozenset({"q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                                    "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"})
+#: the `quantized` option: "stored" keeps them, "widen" dequantizes them on load
+QUANTIZED_MODES = ("stored", "widen")
 #: quantized weights become f16 on the CPU (2 bytes/param and torch's fast f16 GEMV)
 CPU_WIDENED_DTYPE = "f16"
 
@@ -42,15 +49,33 @@ def valid_device_name(device: str) -> bool:
     return bool(_DEVICE_PATTERN.match(device))
 
 
+def default_quantized_mode(device_kind_name: str, triton_installed: bool) -> str:
+    """quantized=None: "stored" on CUDA with Triton (fused dequantizing kernels: a q4_k_m file
+    takes its own size and a step reads 4-6 bits a weight), else "widen": on the CPU the NumPy
+    backend is the faster choice for quantized files anyway, and torch's f16 GEMV over widened
+    weights beats dequantizing every weight per product; on CUDA without Triton, likewise
+    (quantized="stored" still works there, slowly, when memory is what counts)."""
+    return "stored" if device_kind_name == "cuda" and triton_installed else "widen"
+
+
+def triton_installed() -> bool:
+    """Found on the path (not imported: that costs a second)."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f16",
                        n_accelerated_layers: int | None = None,
                        single_token_semantic_prefill: bool = False,
-                       kv_cache_storage_dtype: str | None = None) -> Capabilities:
+                       kv_cache_storage_dtype: str | None = None,
+                       quantized: str = "widen") -> Capabilities:
     """What the backend is on `device`; n_accelerated_layers None means "all layers".
 
     kv_cache_storage_dtype None: the default rule. On the CPU (float32 attention) an f16/bf16
-    cache is held in float32 with rounded values (kv_cache.storage_dtype); on CUDA as is."""
+    cache is held in float32 with rounded values (kv_cache.storage_dtype); on CUDA as is.
+    quantized "stored": the quantized types are native too, held byte for byte (on the CPU as
+    the memory map itself)."""
     on_cuda = device_kind(device) == "cuda"
+    native = NATIVE_WEIGHT_TYPES | (QUANTIZED_WEIGHT_TYPES if quantized == "stored" else frozenset())
     if kv_cache_storage_dtype is None and not on_cuda and kv_cache_dtype != "f32":
         kv_cache_storage_dtype = "f32"
     if kv_cache_storage_dtype == kv_cache_dtype:
@@ -60,9 +85,9 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         requires_single_token_semantic_prefill=single_token_semantic_prefill,
         kv_cache_dtype=kv_cache_dtype, kv_cache_storage_dtype=kv_cache_storage_dtype,
         supported_kv_cache_dtypes=CACHE_DTYPES,
-        compute_dtype=compute_dtype, native_weight_types=NATIVE_WEIGHT_TYPES,
+        compute_dtype=compute_dtype, native_weight_types=native,
         # on the CPU the stored types are torch views of the memory map; CUDA copies them
-        mapped_weight_types=frozenset() if on_cuda else NATIVE_WEIGHT_TYPES,
+        mapped_weight_types=frozenset() if on_cuda else native,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE,
         writes_kv_cache=True)
 
@@ -98,14 +123,21 @@ def probe() -> Probe:
     if dtype not in COMPUTE_DTYPES[kind]:
         return _unavailable(f"{ENV_DTYPE}={dtype!r} is not offered on {kind} "
                             f"(choices: {COMPUTE_DTYPES[kind]})")
+    quantized = (os.environ.get(ENV_QUANTIZED, "").strip()
+                 or default_quantized_mode(kind, triton_installed()))
+    if quantized not in QUANTIZED_MODES:
+        return _unavailable(f"{ENV_QUANTIZED}={quantized!r} is not one of {QUANTIZED_MODES}")
     if kind == "cuda":
-        return Probe(available=True, reason=f"torch with CUDA; computes in {dtype} on {device}",
-                     capabilities=torch_capabilities(device, dtype), priority=CUDA_PRIORITY)
+        return Probe(available=True, reason=f"torch with CUDA; computes in {dtype} on {device}; "
+                     f"quantized weights {'kept as stored' if quantized == 'stored' else 'widened'}",
+                     capabilities=torch_capabilities(device, dtype, quantized=quantized),
+                     priority=CUDA_PRIORITY)
     # On the CPU, f16/bf16 weights take activations of their own type in matrix-vector products
     # (torch's fast half GEMV, as ggml does): "f16" for the f16 and quantized files S2 Pro ships
     # as. The loaded backend reports the exact value for its file (f32 for an f32 file).
     return Probe(available=True, reason="torch on the CPU (no CUDA device found)",
-                 capabilities=torch_capabilities("cpu", "f16", n_accelerated_layers=0),
+                 capabilities=torch_capabilities("cpu", "f16", n_accelerated_layers=0,
+                                                 quantized=quantized),
                  priority=CPU_PRIORITY)
 
 
@@ -144,4 +176,5 @@ def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="torch", backend_class="s2core_torch.backend:TorchBackend",
                         probe=probe, priority=CPU_PRIORITY, options=OPTIONS,
                         description="PyTorch on CUDA (f32/f16/bf16 compute) or the CPU; "
-                                    "F16/BF16 weights kept as stored")]
+                                    "F16/BF16 weights kept as stored, quantized ones too on "
+                                    "CUDA (Triton dequantizing kernels)")]

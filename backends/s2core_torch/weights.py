@@ -2,9 +2,12 @@
 
 F32, F16 and BF16 tensors keep their stored type. On the CPU they are the memory-mapped file
 itself (no copy: the page cache holds the weights once, shared with every process that maps the
-file). Quantized tensors are dequantized on load, a slab of rows at a time so that not even one
-whole tensor sits in float32 on the host, into `widened_dtype` (f16 on the CPU, the compute
-dtype on CUDA).
+file). Quantized tensors are either kept as stored (`keep_quantized`, the option
+quantized="stored": a `QuantizedMatrix` of their raw blocks, on the CPU again the map itself)
+or dequantized on load, a slab of rows at a time so that not even one whole tensor sits in
+float32 on the host, into `widened_dtype` (f16 on the CPU, the compute dtype on CUDA). A
+quantized tensor with an infinite or NaN scale is widened even when kept as stored, with a
+warning (s2core.gguf_blocks says why).
 
 Every tensor the backend holds as a copy (widened on the CPU, anything on CUDA) has its file
 pages released once copied (`ModelFile.release`): reading it faulted them into this process, and
@@ -16,32 +19,56 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from s2core.gguf_blocks import QUANTIZED_TYPES, NonFiniteScalesWarning, non_finite_scale_blocks
 from s2core.gguf_file import ModelFile
 from s2core.layout import load_block
+
+from .quantized import QuantizedMatrix
 
 #: float32 elements decoded per slab of a quantized tensor (64 MB)
 _SLAB_ELEMENTS = 16 * 1024 * 1024
 
+#: a matrix as the backend holds it
+Matrix = Union[torch.Tensor, QuantizedMatrix]
+
 
 class WeightLoader:
-    def __init__(self, model_file: ModelFile, device: torch.device, widened_dtype: torch.dtype):
+    def __init__(self, model_file: ModelFile, device: torch.device, widened_dtype: torch.dtype,
+                 keep_quantized: bool = False):
         self.model_file = model_file
         self.device = device
         self.widened_dtype = widened_dtype
+        self.keep_quantized = keep_quantized
+        #: quantized tensors widened although keep_quantized (non-finite scales)
+        self.widened_non_finite: list[str] = []
 
-    def matrix(self, name: str) -> torch.Tensor:
-        """A 2-D weight [out, in]: as stored if F32/F16/BF16, else widened."""
+    def matrix(self, name: str) -> Matrix:
+        """A 2-D weight [out, in]: as stored if F32/F16/BF16 (or quantized and kept as
+        stored), else widened."""
         info = self.model_file.info(name)
         if info.type in (QT.F32, QT.F16, QT.BF16):
             out = self._stored(name, info.type).to(self.device)  # a no-op on the CPU
+        elif self.keep_quantized and info.type in QUANTIZED_TYPES and self._finite(name, info.type):
+            blocks = self._release_copied(name, self._stored(name, info.type).to(self.device))
+            return QuantizedMatrix(blocks, info.type, info.shape)
         else:
             out = self._dequantized(name, info.shape)
         return self._release_copied(name, out)
+
+    def _finite(self, name: str, qtype: QT) -> bool:
+        bad = non_finite_scale_blocks(self.model_file.raw(name), qtype)
+        if bad:
+            self.widened_non_finite.append(name)
+            warnings.warn(f"{name} ({qtype.name}): {bad} block(s) with an infinite or NaN scale; "
+                          f"widened to {self.widened_dtype} as gguf decodes it instead of kept "
+                          "as stored", NonFiniteScalesWarning, stacklevel=3)
+        return not bad
 
     def vector(self, name: str) -> torch.Tensor:
         """A 1-D weight (norm gains) as float32: norms are computed in float32."""
@@ -93,11 +120,11 @@ class BlockWeights:
 
     attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
-    wqkv: torch.Tensor
-    wo: torch.Tensor
-    w1: torch.Tensor
-    w3: torch.Tensor
-    w2: torch.Tensor
+    wqkv: Matrix
+    wo: Matrix
+    w1: Matrix
+    w3: Matrix
+    w2: Matrix
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
 
@@ -105,5 +132,5 @@ class BlockWeights:
     def load(cls, load: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
         return cls(**load_block(prefix, qk_norm, load.matrix, load.vector))
 
-    def matrices(self) -> list[torch.Tensor]:
+    def matrices(self) -> list[Matrix]:
         return [self.wqkv, self.wo, self.w1, self.w3, self.w2]

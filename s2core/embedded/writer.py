@@ -18,6 +18,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from ..gguf_blocks import QUANTIZED_TYPES
+from ..gguf_blocks import random_blocks as _random_blocks
 from ..hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
 from ..layout import expected_tensors, is_norm
 from .kquants import quantize_k
@@ -30,6 +32,14 @@ WEIGHT_TYPES: dict[str, QT] = {
 }
 _K_QUANTS = {QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K}
 
+#: mixed files, as the "_m" recipes of llama.cpp's quantizer write them (s2-pro-q4_k_m.gguf,
+#: q5_k_m): (the base type, the type of the tensors given more bits). The more-bits tensors are
+#: the tied embedding/output table and the feed-forward down projection (w2) of the layers
+#: llama.cpp's `use_more_bits` picks (`more_bits_layer`); everything else takes the base type.
+MIXED_TYPES: dict[str, tuple[QT, QT]] = {
+    "q4_k_m": (QT.Q4_K, QT.Q6_K), "q5_k_m": (QT.Q5_K, QT.Q6_K),
+}
+
 #: general.file_type values (llama.cpp's LlamaFileType) for a file of one weight type
 _FILE_TYPE = {
     "f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -39,6 +49,7 @@ _FILE_TYPE = {
     "q2_k": gguf.LlamaFileType.MOSTLY_Q2_K, "q3_k": gguf.LlamaFileType.MOSTLY_Q3_K_M,
     "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q5_k": gguf.LlamaFileType.MOSTLY_Q5_K_M,
     "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+    "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
 }
 
 
@@ -94,15 +105,34 @@ def random_weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     return out
 
 
-def tensor_type(name: str, shape: tuple[int, ...], weight_type: str) -> QT:
-    """The GGUF type a tensor gets in a file of `weight_type`.
+def more_bits_layer(i: int, n_layer: int) -> bool:
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third
+    layer in between."""
+    return i < n_layer // 8 or i >= 7 * n_layer // 8 or (i - n_layer // 8) % 3 == 2
+
+
+def _mixed_type(name: str, weight_type: str, n_layer: int) -> QT:
+    base, more = MIXED_TYPES[weight_type]
+    if name == "embeddings.weight":
+        return more
+    parts = name.split(".")
+    if parts[0] == "layers" and name.endswith("feed_forward.w2.weight") \
+            and more_bits_layer(int(parts[1]), n_layer):
+        return more
+    return base
+
+
+def tensor_type(name: str, shape: tuple[int, ...], weight_type: str, n_layer: int = 1) -> QT:
+    """The GGUF type a tensor gets in a file of `weight_type` (a model of n_layer layers: the
+    mixed types give some layers more bits).
 
     Norms stay F32 (as in real files). A matrix whose rows are not whole blocks of the type
     falls back as llama.cpp's quantizer does: to Q8_0 if rows are whole 32-blocks, else F16.
     """
     if is_norm(name) or len(shape) == 1:
         return QT.F32
-    qt = WEIGHT_TYPES[weight_type]
+    qt = (_mixed_type(name, weight_type, n_layer) if weight_type in MIXED_TYPES
+          else WEIGHT_TYPES[weight_type])
     block = gguf.GGML_QUANT_SIZES[qt][0]
     if shape[-1] % block == 0:
         return qt
@@ -129,22 +159,32 @@ class WrittenModel:
     tensor_types: dict[str, str]  # name -> GGUF type actually written
 
 
+#: the scale fields of random quantized blocks (random_blocks=True): weights of order 1e-2
+RANDOM_BLOCK_SCALE = 3e-5
+
+
 def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", seed: int = 0,
                 include_codec: bool = False, name: str = "s2core random test model",
-                progress: Callable[[int, int], None] | None = None) -> WrittenModel:
+                progress: Callable[[int, int], None] | None = None,
+                random_blocks: bool = False) -> WrittenModel:
     """Write a GGUF file in s2.cpp's layout for hparams `hp` with random weights.
 
     `include_codec` adds a few `c.*` codec tensors and `fish_speech.codec.*` keys, as real
     files have, which readers must ignore. `progress(done, total)` is called per tensor.
+    `random_blocks`: quantized tensors get random valid blocks instead of quantized random
+    weights, for timing S2 Pro-sized files (the K-quant quantizer takes minutes a layer; a
+    step's time does not depend on the values). Their numbers mean nothing else.
     """
-    if weight_type not in WEIGHT_TYPES:
-        raise ValueError(f"weight_type {weight_type!r} not in {sorted(WEIGHT_TYPES)}")
+    if weight_type not in WEIGHT_TYPES and weight_type not in MIXED_TYPES:
+        raise ValueError(f"weight_type {weight_type!r} not in "
+                         f"{sorted(WEIGHT_TYPES) + sorted(MIXED_TYPES)}")
     hp.validate()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
 
-    plan = [(n, s, tensor_type(n, s, weight_type)) for n, s in expected_tensors(hp).items()]
+    plan = [(n, s, tensor_type(n, s, weight_type, hp.n_layer))
+            for n, s in expected_tensors(hp).items()]
     if include_codec:
         plan += [("c.encoder.conv.weight", (8, 16), QT.F16), ("c.quantizer.codebook", (32, 8), QT.F32)]
 
@@ -158,7 +198,13 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for done, (tname, shape, qt) in enumerate(plan, 1):
-        writer.write_tensor_data(encode(random_weight(tname, shape, seed), qt))
+        if random_blocks and qt in QUANTIZED_TYPES:
+            values = gguf.GGML_QUANT_SIZES[qt][0]
+            data = _random_blocks(qt, shape[0], shape[1] // values, seed + done,
+                                  RANDOM_BLOCK_SCALE)
+        else:
+            data = encode(random_weight(tname, shape, seed), qt)
+        writer.write_tensor_data(data)
         if progress:
             progress(done, len(plan))
     writer.close()

@@ -55,6 +55,8 @@ MATRIX: list[tuple[str, str]] = [
     ("gqa2-noqk", "f32"), ("gqa2-noqk", "q5_1"), ("gqa2-noqk", "q4_1"), ("gqa2-noqk", "q5_0"),
     ("mha-k", "f16"), ("mha-k", "q4_k"), ("mha-k", "q5_k"), ("mha-k", "q6_k"),
     ("mha-k", "q3_k"), ("mha-k", "q2_k"),
+    # mixed files (s2-pro-q4_k_m.gguf's recipe): Q4_K/Q5_K with Q6_K tensors, each its own type
+    ("mha-k", "q4_k_m"), ("mha-k", "q5_k_m"),
 ]
 MATRIX_IDS = [f"{c}-{t}" for c, t in MATRIX]
 

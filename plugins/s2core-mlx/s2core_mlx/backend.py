@@ -1,9 +1,10 @@
 """The MLX backend: the Apple GPU through Metal, or MLX's CPU build elsewhere.
 
-Compute is float32. Weights stay in their GGUF type where MLX can use it (F32/F16/BF16 arrays;
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K in MLX's affine quantized format, converted exactly,
-the legacy quants with float16 scales by default: `quant_scale_dtype`); Q2_K, Q3_K and Q6_K
-are widened on load (`widened_weight_dtype`, float32 by default). Every tensor is an MLX copy
+Compute is float32. Weights stay in their GGUF type (F32/F16/BF16 arrays; Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, Q4_K, Q5_K in MLX's affine quantized format, converted exactly, the legacy quants
+with float16 scales by default: `quant_scale_dtype`; Q2_K, Q3_K and Q6_K in the same format with
+each 16-value sub-block padded to a group of 32, also exact: `sub_block_quants="split"`, the
+default, or widened on load with "widen" to `widened_weight_dtype`, float32 by default). Every tensor is an MLX copy
 and its file pages are released once copied. The KV cache is F16 by default (as s2.cpp), or
 BF16/F32 (`kv_cache_dtype`).
 
@@ -25,7 +26,8 @@ from s2core.inputs import EvalBatch
 
 from .fast_ar import FastDecoder, FastState
 from .kv_cache import KVCache
-from .plugin import CACHE_DTYPES, SCALE_DTYPES, WIDENED_DTYPES, mlx_capabilities
+from .plugin import (CACHE_DTYPES, SCALE_DTYPES, SUB_BLOCK_MODES, WIDENED_DTYPES,
+                     mlx_capabilities)
 from .slow_ar import SlowAR
 from .weights import MX_DTYPES, WeightLoader, return_freed_heap
 
@@ -42,17 +44,21 @@ class MlxBackend(Backend):
     name = "mlx"
 
     def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
-                 widened_weight_dtype: str = "f32", quant_scale_dtype: str = "f16"):
+                 widened_weight_dtype: str = "f32", quant_scale_dtype: str = "f16",
+                 sub_block_quants: str = "split"):
         super().__init__(model_file)
         check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
         check_option("widened_weight_dtype", widened_weight_dtype, WIDENED_DTYPES)
         check_option("quant_scale_dtype", quant_scale_dtype, SCALE_DTYPES)
+        check_option("sub_block_quants", sub_block_quants, SUB_BLOCK_MODES)
         metal = metal_available()
         self.device = mx.gpu if metal else mx.cpu
         self._caps = mlx_capabilities(metal, kv_cache_dtype, widened_weight_dtype,
-                                      quant_scale_dtype).resolved(self.hparams.n_layer)
+                                      quant_scale_dtype, sub_block_quants
+                                      ).resolved(self.hparams.n_layer)
         self._cache_dtype = MX_DTYPES[kv_cache_dtype]
-        loader = WeightLoader(model_file, widened_weight_dtype, quant_scale_dtype)
+        loader = WeightLoader(model_file, widened_weight_dtype, quant_scale_dtype,
+                              split_sub_blocks=sub_block_quants == "split")
         with mx.stream(self.device):
             self.slow = SlowAR(loader)
             self.fast = None if self.hparams.fast is None else FastDecoder(loader)

@@ -16,20 +16,29 @@ from s2core.backend import Capabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
-#: what Q2_K/Q3_K/Q6_K become: f32 is exact; f16 halves their memory (rounds each weight once)
+#: what widened tensors become (Q2_K/Q3_K/Q6_K with sub_block_quants="widen", and tensors with
+#: non-finite scales): f32 is exact; f16 halves their memory (rounds each weight once)
 WIDENED_DTYPES = ("f32", "f16")
+#: Q2_K/Q3_K/Q6_K: "split" keeps them exactly in MLX's affine format, each 16-value sub-block
+#: padded to a group of 32 (sub_blocks.py: 14 / 8 / 8 bits a weight); "widen" dequantizes them
+SUB_BLOCK_MODES = ("split", "widen")
 #: scales and biases of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: f16 (exact, checked per tensor; biases
 #: that are k * scale rebuilt per product: the file's own size) or f32 (2 bits a weight, no
 #: per-product widening). The K-quants' are always f32.
 SCALE_DTYPES = ("f16", "f32")
 #: GGUF types kept in memory as stored: floats as MLX arrays of that type, quantized types in
-#: MLX's affine format (converted exactly, see gguf_quant). Q2_K, Q3_K, Q6_K are widened.
-#: Held sizes: floats and (with quant_scale_dtype="f16", the default) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
-#: exactly the file's bytes; Q4_K 1.33x and Q5_K 1.27x (float32 scales and biases); with
-#: quant_scale_dtype="f32" the legacy quants take 2 bits a weight more (Q8_0 1.18x).
-#: Capabilities has no field for such a factor, so memory estimates count these as 1.0x.
+#: MLX's affine format (converted exactly, see gguf_quant), and with sub_block_quants="split"
+#: (the default) Q2_K, Q3_K, Q6_K too (SPLIT_TYPES). Held sizes: floats and (with
+#: quant_scale_dtype="f16", the default) Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 exactly the file's bytes;
+#: Q4_K 1.33x and Q5_K 1.27x (float32 scales and biases); Q6_K 2.13x, Q3_K 2.33x, Q2_K 3.05x
+#: (split); with quant_scale_dtype="f32" the legacy quants take 2 bits a weight more (Q8_0
+#: 1.18x). Capabilities.native_weight_overhead declares each factor (QUANT_OVERHEAD).
 NATIVE_WEIGHT_TYPES = frozenset({"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
                                  "q4_k", "q5_k"})
+SPLIT_TYPES = frozenset({"q6_k", "q3_k", "q2_k"})
+#: held bytes per file byte of the split types (sub_blocks.OVERHEAD, without importing numpy's
+#: side of the plugin here): codes twice plus float32 scales (and Q2_K's biases) per 16
+SPLIT_OVERHEAD = (("q6_k", 14 / 6.5625), ("q3_k", 8 / 3.4375), ("q2_k", 8 / 2.625))
 
 #: Apple GPU: above every other backend
 METAL_PRIORITY = 400
@@ -56,14 +65,18 @@ QUANT_OVERHEAD = {
 
 
 def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16", widened_weight_dtype: str = "f32",
-                     quant_scale_dtype: str = "f16") -> Capabilities:
+                     quant_scale_dtype: str = "f16", sub_block_quants: str = "split"
+                     ) -> Capabilities:
+    split = sub_block_quants == "split"
     return Capabilities(
         device="metal" if metal else "cpu", accelerator=metal,
         n_accelerated_layers=None if metal else 0,
         requires_single_token_semantic_prefill=False, kv_cache_dtype=kv_cache_dtype,
         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
-        native_weight_types=NATIVE_WEIGHT_TYPES, widened_weight_dtype=widened_weight_dtype,
-        native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype], writes_kv_cache=True)
+        native_weight_types=NATIVE_WEIGHT_TYPES | (SPLIT_TYPES if split else frozenset()),
+        widened_weight_dtype=widened_weight_dtype,
+        native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype] + (SPLIT_OVERHEAD if split else ()),
+        writes_kv_cache=True)
 
 
 def _installed(distribution: str) -> bool:

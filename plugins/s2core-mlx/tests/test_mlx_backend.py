@@ -141,10 +141,29 @@ def _assert_quantized(backend, bits):
         assert isinstance(mat, QuantizedMatrix) and mat.bits == bits and mat.group_size == 32
 
 
+@pytest.mark.parametrize("weight_type,bits", [("q6_k", 6), ("q3_k", 3), ("q2_k", 2)])
+def test_sixteen_value_k_quants_are_kept_split(weight_type, bits):
+    """Q6_K, Q3_K, Q2_K stay quantized (each 16-value sub-block its own group of 32), and hold
+    exactly the bytes their declared overhead says."""
+    with load("mha-k", weight_type) as m:
+        caps, mf, slow = m.capabilities, m.model_file, m.backend.slow
+        assert weight_type in caps.native_weight_types
+        for mat in [slow.embeddings, slow.codebooks] + [w for blk in slow.layers for w in
+                                                        (blk.wqkv, blk.wo, blk.w1, blk.w3, blk.w2)]:
+            assert isinstance(mat, QuantizedMatrix) and mat.split and mat.bits == bits
+        name = "layers.0.feed_forward.w1.weight"
+        held = storage_bytes(slow.layers[0].w1)
+        assert held == pytest.approx(mf.info(name).n_bytes * caps.held_bytes_per_file_byte(
+            weight_type), rel=1e-9)
+        assert held < mf.info(name).n_elements * 2  # below even an f16 copy
+
+
 @pytest.mark.parametrize("weight_type", ["q6_k", "q3_k", "q2_k"])
-def test_sixteen_value_k_quants_are_widened(weight_type):
-    with load("mha-k", weight_type) as m32, load("mha-k", weight_type,
-                                                 widened_weight_dtype="f16") as m16:
+def test_sixteen_value_k_quants_can_be_widened(weight_type):
+    with load("mha-k", weight_type, sub_block_quants="widen") as m32, \
+            load("mha-k", weight_type, sub_block_quants="widen",
+                 widened_weight_dtype="f16") as m16:
+        assert weight_type not in m32.capabilities.native_weight_types
         w32, w16 = m32.backend.slow.layers[0].w1, m16.backend.slow.layers[0].w1
         assert isinstance(w32, DenseMatrix) and w32.w.dtype == mx.float32
         assert isinstance(w16, DenseMatrix) and w16.w.dtype == mx.float16
@@ -167,6 +186,7 @@ def test_float_weights_are_kept_as_stored(weight_type, dtype):
 
 # ---------------------------------------------------------------------- options
 @pytest.mark.parametrize("option,value", [("kv_cache_dtype", "f8"),
+                                          ("sub_block_quants", "pad"),
                                           ("widened_weight_dtype", "bf16"),
                                           ("widened_weight_dtype", "q8_0")])
 def test_bad_options_are_rejected(option, value):

@@ -52,8 +52,9 @@ def test_probe_on_this_machine():
     assert caps.supported_kv_cache_dtypes == ("f16", "bf16", "f32")
     assert caps.kv_cache_dtype == "f16"
     assert {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
-            "q5_k"} == caps.native_weight_types
-    assert not caps.native_weight_types & {"q2_k", "q3_k", "q6_k"}
+            "q5_k", "q2_k", "q3_k", "q6_k"} == caps.native_weight_types  # every GGUF type
+    overhead = dict(caps.native_weight_overhead)
+    assert overhead["q6_k"] == pytest.approx(14 / 6.5625) and overhead["q2_k"] > 3
     if plugin.is_apple_silicon():
         assert row.priority == 400 > max(r.priority for r in s2core.list_backends()
                                          if r.name != "mlx")
