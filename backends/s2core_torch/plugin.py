@@ -168,6 +168,12 @@ OPTIONS = (
     Option("single_token_semantic_prefill", choices=(None, True, False), default=None,
            doc="chunk prompts one semantic position at a time (s2.cpp's CUDA guard); "
                "None: off, every table is dequantized on load"),
+    Option("quantized", choices=(None,) + QUANTIZED_MODES, default=None,
+           doc=f"quantized GGUF types kept as stored or widened on load; None: ${ENV_QUANTIZED}, "
+               "else stored on CUDA with Triton, widen elsewhere"),
+    Option("quant_kernels", choices=(None, "triton", "torch"), default=None,
+           doc="products from stored quantized weights: Triton kernels (CUDA, or the CPU under "
+               "TRITON_INTERPRET=1) or a per-product dequantize; None: triton where it runs"),
 )
 
 

@@ -123,9 +123,12 @@ OPTIONS = (
     Option("kv_cache_dtype", choices=CACHE_DTYPES, default="f16",
            doc="type of the cached K/V values"),
     Option("widened_weight_dtype", choices=WIDENED_DTYPES, default="f32",
-           doc="what Q2_K, Q3_K and Q6_K become (f32 exact, f16 half the memory)"),
+           doc="what widened tensors become (f32 exact, f16 half the memory)"),
     Option("quant_scale_dtype", choices=SCALE_DTYPES, default="f16",
            doc="scales and biases of the legacy quants kept quantized (f16: the file's size)"),
+    Option("sub_block_quants", choices=SUB_BLOCK_MODES, default="split",
+           doc="Q2_K, Q3_K, Q6_K: 'split' keeps them exactly (16-value sub-blocks as groups of "
+               "32), 'widen' dequantizes them to widened_weight_dtype"),
 )
 
 
