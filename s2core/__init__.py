@@ -15,7 +15,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+#: names the backend load_codec() uses when none is given
+ENV_CODEC_BACKEND = "S2CORE_CODEC_BACKEND"
+
 from .backend import Backend, Capabilities
+from .codec import Codec, CodecBackend, CodecCapabilities, StreamDecoder
 from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInitializedError,
                      CacheOverflowError, InvalidInputError, InvalidTokensError, ModelFileError,
                      S2CoreError)
@@ -33,7 +37,8 @@ __all__ = [
     "Capabilities", "EvalBatch", "Hparams", "FastHparams", "ModelFile", "BackendInfo",
     "S2CoreError", "InvalidInputError", "InvalidTokensError", "CacheOverflowError",
     "CacheNotInitializedError", "ModelFileError", "BackendUnavailableError",
-    "BackendRegistryError", "__version__",
+    "BackendRegistryError", "__version__", "load_codec", "Codec", "CodecBackend",
+    "CodecCapabilities", "StreamDecoder",
 ]
 
 
@@ -63,3 +68,24 @@ def load(path: str | os.PathLike, backend: str | None = None, **options: Any) ->
                    else choose_backend(registry.list(), model_file))
     backend_cls = registry.backend_class(backend)
     return SlowARModel(model_file, backend_cls(model_file, **options))
+
+
+def load_codec(path: str | os.PathLike, backend: str | None = None, **options: Any) -> Codec:
+    """Open the audio codec of a GGUF file (a full S2 Pro file's `c.*` tensors, or a
+    codec-only file) on a backend that provides one.
+
+    backend=None: $S2CORE_CODEC_BACKEND if set, else the best codec provider
+    (`s2core.codec.selection`). `options` go to the backend's codec (for example device="cpu").
+    """
+    from .codec.file import CodecFile
+    from .codec.selection import choose_codec_backend
+    registry = get_registry()
+    if backend is None:
+        backend = os.environ.get(ENV_CODEC_BACKEND, "").strip() or choose_codec_backend(registry.list())
+    codec_cls = registry.codec_class(backend)
+    codec_file = CodecFile(path)
+    try:
+        return Codec(codec_file, codec_cls(codec_file, **options))
+    except BaseException:
+        codec_file.close()
+        raise

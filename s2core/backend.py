@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .codec.backend import CodecCapabilities
 from .errors import InvalidInputError
 from .gguf_file import ModelFile
 from .inputs import EvalBatch
@@ -52,6 +53,8 @@ class Capabilities:
     #: native types used in place from the file's memory map: no copy at load (instant), and
     #: the pages are the OS page cache's, shared with every process that maps the file
     mapped_weight_types: frozenset[str] = frozenset()
+    #: the audio codec this backend provides (its plugin names the class), or None
+    codec: CodecCapabilities | None = None
 
     def __post_init__(self):
         for value in (self.kv_cache_dtype, self.kv_cache_storage_dtype or self.kv_cache_dtype):
@@ -81,6 +84,7 @@ class Capabilities:
         d["native_weight_types"] = sorted(self.native_weight_types)
         d["mapped_weight_types"] = sorted(self.mapped_weight_types)
         d["kv_cache_storage_dtype"] = self.kv_cache_held_dtype
+        d["codec"] = self.codec.describe() if self.codec is not None else None
         return d
 
 

@@ -52,6 +52,9 @@ class BackendSpec:
     probe: Callable[[], Probe]
     priority: int = 0
     description: str = ""
+    #: "module:Class" of its s2core.codec.CodecBackend, imported only when chosen; "" = none.
+    #: The probe's Capabilities.codec declares what it is.
+    codec_class: str = ""
 
 
 class HookSpecs:

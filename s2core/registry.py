@@ -38,6 +38,7 @@ class BackendInfo:
     source: str  # the plugin that registered it ("builtin:..." or "entry point NAME = VALUE")
     description: str = ""
     backend_class: str = ""
+    codec_class: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +122,24 @@ class Registry:
                 f"backend {name!r}: {info.backend_class} is not a subclass of s2core.Backend")
         return cls
 
+    def codec_class(self, name: str) -> type:
+        """Import and return the codec class of an available backend that provides one."""
+        from .codec.backend import CodecBackend
+        info = self.info(name)
+        if not info.available:
+            raise BackendUnavailableError(f"backend {name!r} is unavailable here: {info.reason}")
+        if not info.codec_class or info.capabilities is None or info.capabilities.codec is None:
+            raise BackendUnavailableError(f"backend {name!r} provides no codec")
+        try:
+            cls = _import_object(info.codec_class)
+        except Exception as exc:
+            raise BackendUnavailableError(
+                f"backend {name!r}: importing codec {info.codec_class} failed: {exc!r}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, CodecBackend)):
+            raise BackendUnavailableError(
+                f"backend {name!r}: {info.codec_class} is not a subclass of s2core.codec.CodecBackend")
+        return cls
+
 
 def _discover(builtin_plugins: tuple[str, ...], group: str | None
               ) -> tuple[dict[str, tuple[BackendSpec, str]], list[BackendInfo]]:
@@ -182,7 +201,8 @@ def _probe(spec: BackendSpec, source: str) -> BackendInfo:
     priority = spec.priority if probe.priority is None else probe.priority
     return BackendInfo(name=spec.name, priority=priority, available=probe.available,
                        reason=probe.reason, capabilities=probe.capabilities, source=source,
-                       description=spec.description, backend_class=spec.backend_class)
+                       description=spec.description, backend_class=spec.backend_class,
+                       codec_class=spec.codec_class)
 
 
 def _import_object(path: str) -> Any:
