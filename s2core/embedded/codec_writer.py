@@ -64,7 +64,9 @@ class CodecConfig:
 
 
 # ---------------------------------------------------------------------- configs
-def _hparams(**values) -> CodecHparams:
+def codec_hparams(**values) -> CodecHparams:
+    """CodecHparams from the keys' values, with the transformer keys flattened:
+    enc_head_dim, enc_kv_heads, rvq_head_dim, rvq_kv_heads, rvq_rope_base, window."""
     enc_tf = TransformerHparams(head_dim=values.pop("enc_head_dim"),
                                 n_local_heads=values.pop("enc_kv_heads", -1),
                                 rope_freq_base=10000.0, rms_norm_eps=1e-5, window=512,
@@ -82,7 +84,7 @@ def _hparams(**values) -> CodecHparams:
 
 def s2pro_codec_config() -> CodecConfig:
     """S2 Pro's real codec structure (CODEC.md 2-3): 391,398,385 parameters, ~0.78 GB in F16."""
-    hp = _hparams(sample_rate=44100, hop_length=512, frame_length=512, encoder_dim=64,
+    hp = codec_hparams(sample_rate=44100, hop_length=512, frame_length=512, encoder_dim=64,
                   decoder_dim=1536, latent_dim=1024, encoder_rates=(2, 4, 8, 8),
                   decoder_rates=(8, 8, 4, 2), encoder_transformer_layers=(0, 0, 0, 4),
                   codebook_dim=8, residual_codebooks=9, residual_codebook_size=1024,
@@ -94,7 +96,7 @@ def s2pro_codec_config() -> CodecConfig:
 def tiny_codec_config(**overrides) -> CodecConfig:
     """The shared conformance example's shape (32 samples a frame, window 4, 10 codebooks of
     64 / 16 entries); keyword arguments replace hparams fields."""
-    hp = _hparams(sample_rate=44100, hop_length=8, frame_length=8, encoder_dim=16, decoder_dim=64,
+    hp = codec_hparams(sample_rate=44100, hop_length=8, frame_length=8, encoder_dim=16, decoder_dim=64,
                   latent_dim=32, encoder_rates=(2, 4), decoder_rates=(4, 2),
                   encoder_transformer_layers=(0, 1), codebook_dim=4, residual_codebooks=9,
                   residual_codebook_size=16, semantic_codebook_size=64, downsample_factor=(2, 2),
@@ -105,7 +107,7 @@ def tiny_codec_config(**overrides) -> CodecConfig:
 def demo_codec_config() -> CodecConfig:
     """The embedded demo's codec: the demo model's 10 codebooks of 1024 codes (semantic
     included), S2 Pro's rates and structure at a width that decodes faster than real time."""
-    hp = _hparams(sample_rate=44100, hop_length=512, frame_length=512, encoder_dim=8,
+    hp = codec_hparams(sample_rate=44100, hop_length=512, frame_length=512, encoder_dim=8,
                   decoder_dim=128, latent_dim=128, encoder_rates=(2, 4, 8, 8),
                   decoder_rates=(8, 8, 4, 2), encoder_transformer_layers=(0, 0, 0, 1),
                   codebook_dim=8, residual_codebooks=9, residual_codebook_size=1024,
