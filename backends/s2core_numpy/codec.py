@@ -28,8 +28,13 @@ from s2core.codec.layout import (Conv, ConvNeXt, ConvTranspose, ResidualUnit, Sn
 
 from .plugin import numpy_codec_capabilities
 
-#: rows of one im2col chunk are sized to about this many bytes (fits the L2 caches here)
+#: rows of one im2col chunk: about this many bytes, and at least IM2COL_MIN_ROWS rows (sgemm
+#: with fewer rows re-reads the weight matrix too often)
 IM2COL_CHUNK_BYTES = 4 << 20
+IM2COL_MIN_ROWS = 1024
+#: outputs below which a conv sums per-tap products instead (the final conv to mono: an im2col
+#: copy of 7 C values a row would cost more than its product)
+FEW_OUTPUTS = 16
 #: queries per attention block (bounds the score matrix for long one-shot decodes)
 ATTENTION_BLOCK = 256
 #: one-shot decode runs as pushes of this many frames (exact): bounds the activations
@@ -120,10 +125,15 @@ class ConvOp:
         c_out = self.wm.shape[1]
         if self.kernel == 1 and self.stride == 1:
             out = xh @ self.wm
+        elif c_out < FEW_OUTPUTS and self.stride == 1:
+            out = xh[:n_out] @ self.wm[:self.c_in]
+            for k in range(1, self.kernel):
+                rows = xh[k * self.dilation:k * self.dilation + n_out]
+                out += rows @ self.wm[k * self.c_in:(k + 1) * self.c_in]
         else:
             out = np.empty((n_out, c_out), F32)
             row = self.kernel * self.c_in
-            chunk = max(64, IM2COL_CHUNK_BYTES // (4 * row))
+            chunk = max(IM2COL_MIN_ROWS, IM2COL_CHUNK_BYTES // (4 * row))
             buf = np.empty((min(chunk, n_out), self.kernel, self.c_in), F32)
             item = xh.itemsize
             for start in range(0, n_out, chunk):

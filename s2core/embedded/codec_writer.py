@@ -271,3 +271,37 @@ def write_tensors(writer: gguf.GGUFWriter, plan: list[tuple[str, tuple[int, ...]
         writer.write_tensor_data(data.astype(np.float16) if qt == QT.F16 else data)
         if progress:
             progress(done, len(plan))
+
+
+# ---------------------------------------------------------------------- cached files
+#: bump when the writer's output for the same arguments changes
+CODEC_WRITER_VERSION = 1
+
+
+def cached_codec(config: CodecConfig, weight_type: str = "f16", seed: int = 0,
+                 codec_only: bool = True, stem: str = "codec", directory: Path | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Path:
+    """Path of this codec's file in the cache (s2core.embedded.cache_dir), written first if
+    absent. The name hashes everything that decides the bytes."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from .cache import cache_dir
+    key = json.dumps({"config": dataclasses.asdict(config), "type": weight_type, "seed": seed,
+                      "codec_only": codec_only, "writer": CODEC_WRITER_VERSION}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    path = (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
+    if not path.exists():
+        write_codec(path, config, weight_type, seed=seed, codec_only=codec_only, progress=progress)
+    return path
+
+
+def demo_codec_path(weight_type: str = "f16") -> Path:
+    """The embedded demo's codec (`demo_codec_config`), written into the cache on first use."""
+    return cached_codec(demo_codec_config(), weight_type, stem="demo-codec")
+
+
+def s2pro_codec_path(weight_type: str = "f16") -> Path:
+    """A codec with S2 Pro's real structure and random weights (0.78 GB in F16), cached."""
+    return cached_codec(s2pro_codec_config(), weight_type, stem="s2pro-codec")
