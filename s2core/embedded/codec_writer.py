@@ -260,15 +260,17 @@ def write_tensors(writer: gguf.GGUFWriter, plan: list[tuple[str, tuple[int, ...]
                   progress: Callable[[int, int], None] | None = None) -> None:
     """Header, keys, tensor infos, then each tensor generated and written one at a time (an
     S2 Pro-sized codec never sits in memory whole). `strip` is removed from names for `values`."""
+    from .writer import encode  # F32, F16 or any quantized type gguf-py writes
     for name, shape, qt in plan:
-        nbytes = int(np.prod(shape)) * (2 if qt == QT.F16 else 4)
-        writer.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=qt)
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size,
+                               raw_dtype=qt)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for done, (name, shape, qt) in enumerate(plan, 1):
         data = values(name[len(strip):] if strip and name.startswith(strip) else name, shape)
-        writer.write_tensor_data(data.astype(np.float16) if qt == QT.F16 else data)
+        writer.write_tensor_data(encode(data, qt))
         if progress:
             progress(done, len(plan))
 

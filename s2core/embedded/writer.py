@@ -12,7 +12,7 @@ import os
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import gguf
 import numpy as np
@@ -21,6 +21,9 @@ from gguf import GGMLQuantizationType as QT
 from ..hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
 from ..layout import expected_tensors, is_norm
 from .kquants import quantize_k
+
+if TYPE_CHECKING:
+    from .codec_writer import CodecConfig
 
 #: weight types the writer produces, by their file-name spelling
 WEIGHT_TYPES: dict[str, QT] = {
@@ -131,11 +134,14 @@ class WrittenModel:
 
 def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", seed: int = 0,
                 include_codec: bool = False, name: str = "s2core random test model",
-                progress: Callable[[int, int], None] | None = None) -> WrittenModel:
+                progress: Callable[[int, int], None] | None = None,
+                codec: "CodecConfig | None" = None) -> WrittenModel:
     """Write a GGUF file in s2.cpp's layout for hparams `hp` with random weights.
 
-    `include_codec` adds a few `c.*` codec tensors and `fish_speech.codec.*` keys, as real
-    files have, which readers must ignore. `progress(done, total)` is called per tensor.
+    `include_codec` adds a few `c.*` placeholder tensors and two `fish_speech.codec.*` keys,
+    which the Slow-AR's readers must ignore. `codec` adds a whole codec instead (its `c.*`
+    tensors in F16, or F32 in an f32 file, as s2.cpp's exporter writes them; see
+    codec_writer). `progress(done, total)` is called per tensor.
     """
     if weight_type not in WEIGHT_TYPES:
         raise ValueError(f"weight_type {weight_type!r} not in {sorted(WEIGHT_TYPES)}")
@@ -147,9 +153,16 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
     plan = [(n, s, tensor_type(n, s, weight_type)) for n, s in expected_tensors(hp).items()]
     if include_codec:
         plan += [("c.encoder.conv.weight", (8, 16), QT.F16), ("c.quantizer.codebook", (32, 8), QT.F32)]
+    codec_values = None
+    if codec is not None:
+        from .codec_writer import add_codec_metadata, codec_plan, codec_tensor_values
+        plan += codec_plan(codec, "f32" if weight_type == "f32" else "f16", prefix="c.")
+        codec_values = codec_tensor_values(codec, seed)
 
     writer = gguf.GGUFWriter(tmp, arch=hp.architecture)
     _add_metadata(writer, hp, weight_type, name, include_codec)
+    if codec is not None:
+        add_codec_metadata(writer, codec)
     for tname, shape, qt in plan:
         block, size = gguf.GGML_QUANT_SIZES[qt]
         nbytes = int(np.prod(shape)) // block * size
@@ -158,6 +171,9 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for done, (tname, shape, qt) in enumerate(plan, 1):
+        if codec_values is not None and tname.startswith("c."):
+            writer.write_tensor_data(encode(codec_values(tname[2:], shape), qt))
+            continue
         writer.write_tensor_data(encode(random_weight(tname, shape, seed), qt))
         if progress:
             progress(done, len(plan))
