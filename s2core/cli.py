@@ -1,4 +1,4 @@
-"""The `s2core` command: backends, info, demo, bench."""
+"""The `s2core` command: backends, info, demo, bench, decode, encode."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections import Counter
 
 import s2core
 
+from .codec import commands as codec_commands
 from .errors import S2CoreError
 from .gguf_file import ModelFile
 from .memory import (backend_kv_cache_bytes, copied_weight_bytes, kv_cache_bytes,
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--weight-type", default="f16")
     d.add_argument("--seed", type=int, default=0)
     sub.add_parser("bench", help="benchmarks (see `s2core bench --help`)", add_help=False)
+    codec_commands.add_parsers(sub)
     return p
 
 
@@ -129,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(argparse.Namespace(), argv[1:])
     args = parser.parse_args(argv)
     try:
-        return {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo}[args.command](args)
+        commands = {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo,
+                    **codec_commands.COMMANDS}
+        return commands[args.command](args)
     except S2CoreError as exc:
         print(f"s2core: error: {exc}", file=sys.stderr)
         return 2
