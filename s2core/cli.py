@@ -47,6 +47,12 @@ def cmd_backends(args: argparse.Namespace) -> int:
                   f"types to {c.widened_weight_dtype}"
                   + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
                      else ""))
+            if c.codec is not None:
+                k = c.codec
+                print(f"    codec: {k.compute_dtype} on {k.device}, "
+                      f"{'exact streaming' if k.streaming else 'windowed streaming'}, "
+                      f"{'encodes' if k.encode else 'decode only'}, codec priority "
+                      f"{k.priority if k.priority is not None else r.priority}")
     if default:
         print(f"* default (set {s2core.registry.ENV_BACKEND} to choose another)")
     return 0

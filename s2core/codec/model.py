@@ -97,7 +97,8 @@ class Codec:
     # ------------------------------------------------------------------ encode
     def encode(self, audio: Any) -> np.ndarray:
         """float mono audio at `sample_rate` (1-D, finite) -> int32 codes [num_codebooks, T],
-        T = ceil(len / samples_per_frame). Resample other rates first (s2core.audio)."""
+        T = ceil(len / samples_per_frame) (of the length padded to frame_length). Resample
+        other rates first (s2core.audio)."""
         backend = self._backend()
         if not backend.capabilities.encode:
             raise InvalidInputError("encode_supported",
@@ -108,7 +109,9 @@ class Codec:
         audio = self.check_audio(audio)
         pad = -len(audio) % self.hparams.frame_length  # CODEC.md 5.1
         padded = np.concatenate([audio, np.zeros(pad, np.float32)]) if pad else audio
-        n_frames = -(-len(audio) // self.samples_per_frame)
+        # the strided convs pad the rest (CODEC.md 5.5): ceil(N / 2048) when frame_length
+        # divides samples_per_frame, as in S2 Pro
+        n_frames = -(-len(padded) // self.samples_per_frame)
         codes = np.asarray(backend.encode(padded))
         if codes.shape != (self.num_codebooks, n_frames):
             raise S2CoreError(f"backend {backend.name!r} encoded {len(audio)} samples into codes "
