@@ -5,7 +5,8 @@ in F16, cached). Every backend that provides a codec is measured in its own proc
 one-shot decode (seconds of compute per second of audio, and GFLOP/s against this machine's
 sgemm peak, measured in the same run before and after), and the streaming decoder's cost per
 frame pushed one at a time near the start (frame 10) and far into a stream (frame 1000; the
-stream is advanced there in exact pushes of 64 frames). FLOPs are counted from the layout:
+stream is advanced there in exact pushes of 64 frames, then the two streams are pushed in turn
+so both points see the same load). FLOPs are counted from the layout:
 every conv, transposed conv, linear and attention product (elementwise work not counted).
 """
 
