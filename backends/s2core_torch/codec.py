@@ -92,30 +92,44 @@ class SnakeOp:
 
 
 class ConvOp:
+    """conv1d (oneDNN / cuDNN) for kernels > 1; a 1x1 conv is one addmm (torch sends those to
+    a slow im2col path on the CPU)."""
+
     def __init__(self, w: _Weights, c: Conv):
         self.weight, self.bias = w(c.weight), w(c.bias)
         self.history, self.stride, self.dilation = c.history, c.stride, c.dilation
         self.groups = c.c_out if c.depthwise else 1
+        self.matrix = (self.weight[:, :, 0].contiguous()
+                       if c.kernel == 1 and c.stride == 1 and not c.depthwise else None)
 
     def __call__(self, xh: torch.Tensor) -> torch.Tensor:
+        if self.matrix is not None:
+            return torch.addmm(self.bias[:, None], self.matrix, xh[0])[None]
         return F.conv1d(xh, self.weight, self.bias, stride=self.stride, dilation=self.dilation,
                         groups=self.groups)
 
 
 class ConvTransposeOp:
-    """Kernel 2s: given the previous input on the left, drop the first block; kernel = stride:
-    no overlap, nothing before is needed."""
+    """A ConvTranspose as products: output block t (s samples of C_out) is W_lo^T x_t (+ W_hi^T
+    x_{t-1} for kernel 2s, whose previous input comes first in `xh`). One [s C_out, C_in]
+    matrix per tap, rows (channel, sample); torch's conv_transpose1d falls back to slow paths
+    on the CPU for these shapes."""
 
     def __init__(self, w: _Weights, c: ConvTranspose):
-        self.weight, self.bias, self.stride = w(c.weight), w(c.bias), c.stride
-        self.history = 1 if c.overlap else 0
+        weight, s = w(c.weight), c.stride           # [C_in, C_out, K]
+        blocks = [weight[:, :, s:2 * s], weight[:, :, :s]] if c.overlap else [weight[:, :, :s]]
+        self.taps = [b.permute(1, 2, 0).reshape(c.c_out * s, c.c_in).contiguous() for b in blocks]
+        self.bias = w(c.bias).repeat_interleave(s)[:, None]
+        self.history, self.stride, self.c_out = len(blocks) - 1, s, c.c_out
 
     def __call__(self, xh: torch.Tensor) -> torch.Tensor:
-        y = F.conv_transpose1d(xh, self.weight, self.bias, stride=self.stride)
-        s = self.stride
-        if self.history:  # blocks: [from the previous input] [inputs 0..L-1] [last s: dropped]
-            return y[:, :, s:y.shape[2] - s]
-        return y
+        x = xh[0]
+        n = x.shape[1] - self.history
+        z = torch.addmm(self.bias, self.taps[0], x[:, :n])
+        for k, tap in enumerate(self.taps[1:], 1):
+            z.addmm_(tap, x[:, k:k + n])
+        # rows (channel, sample j) x columns t -> channel x (t s + j)
+        return z.view(self.c_out, self.stride, n).transpose(1, 2).reshape(1, self.c_out, n * self.stride)
 
 
 class ResidualUnitOp:
