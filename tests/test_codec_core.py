@@ -267,3 +267,35 @@ def test_hparams_are_frozen_values():
     with pytest.raises(Exception):
         hp.sample_rate = 1  # type: ignore[misc]
     assert replace(hp, sample_rate=16000).sample_rate == 16000
+
+
+def test_a_backend_without_exact_streaming_falls_back_to_windows():
+    """The core re-decodes a window of history for a codec that declares no stateful decode
+    (here NumPy's codec with that part switched off), as s2.cpp's pipeline does."""
+    from s2core.codec import Codec, CodecBackend, CodecCapabilities
+    from s2core_numpy.codec import NumpyCodec
+
+    class OneShotOnly(NumpyCodec):
+        decode_stream = CodecBackend.decode_stream
+        begin_stream = CodecBackend.begin_stream
+
+        def __init__(self, f):
+            super().__init__(f)
+            self._caps = CodecCapabilities(streaming=False)
+
+        def decode(self, codes):
+            return NumpyCodec.decode_stream(self, NumpyCodec.begin_stream(self), codes)[0]
+
+    codes, _ = example_codes_audio()
+    c = Codec(CodecFile(example_path()), OneShotOnly(CodecFile(example_path())))
+    assert not c.backend.streams
+    s = c.stream_decoder()
+    assert s.mode == "windowed"
+    out = np.concatenate([s.push(codes[:, i:i + 1]) for i in range(codes.shape[1])])
+    np.testing.assert_allclose(out, c.decode(codes), rtol=0, atol=1e-6)  # history covers all
+    with pytest.raises(InvalidInputError, match="no exact streaming") as info:
+        c.stream_decoder(mode="exact")
+    assert info.value.check == "stream_mode"
+    short = c.stream_decoder(history_frames=1)
+    assert short.push(codes).shape == (160,) and short._history.shape == (10, 1)
+    c.close()
