@@ -44,6 +44,7 @@ class BackendInfo:
         return {
             "name": self.name, "priority": self.priority, "available": self.available,
             "reason": self.reason, "source": self.source, "description": self.description,
+            "codec_class": self.codec_class,
             "capabilities": self.capabilities.describe() if self.capabilities else None,
         }
 
