@@ -16,14 +16,13 @@ K/V of the last window - 1 frames and the next RoPE position: a frame costs the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from s2core.codec.backend import CodecBackend, CodecCapabilities
 from s2core.codec.file import CodecFile
-from s2core.codec.layout import (Conv, ConvNeXt, ConvTranspose, ResidualUnit, Snake,
+from s2core.codec.layout import (Conv, ConvNeXt, ConvTranspose, ResidualUnit,
                                  Transformer)
 
 from .plugin import numpy_codec_capabilities
