@@ -156,6 +156,19 @@ class CodecConformance:
             assert s.frames_decoded == codes.shape[1]
             assert_audio_close(np.concatenate(parts), whole, tol, f"{name} pushes {pushes}")
 
+    def test_long_stream_equals_one_shot(self, open_codec):
+        """60 frames (15 attention windows) in pushes of 3: the K/V trimmed to the window and
+        the RoPE positions carried across 20 pushes give the one-shot samples."""
+        name = "window-lt-T-f16-full"
+        c = open_codec(kit_codec(name))
+        codes = random_codes(name, n_frames=60, seed=8)
+        s = c.stream_decoder()
+        out = np.concatenate([s.push(codes[:, i:i + 3]) for i in range(0, 60, 3)])
+        assert_audio_close(out, c.decode(codes), codec_stream_tolerance(c.capabilities),
+                           "60 frames in pushes of 3")
+        ref = kit_codec_reference(name).decode(codes)
+        assert_audio_close(out, ref, codec_tolerance(c.capabilities), "60 frames vs reference")
+
     def test_stream_reset_and_empty_push(self, open_codec):
         name = "one-factor-f16"
         c = open_codec(kit_codec(name))
