@@ -89,10 +89,10 @@ def measure_backend(spec: dict[str, Any]) -> dict[str, Any]:
     codec = s2core.load_codec(spec["path"], backend=spec["backend"])
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    far = spec["far_frame"]
-    codes = np.stack([rng.integers(0, s, far + STREAM_PROBE) for s in codec.codebook_sizes])
+    far, n = spec["far_frame"], spec["frames"]
+    total = max(n, far + STREAM_PROBE)
+    codes = np.stack([rng.integers(0, s, total) for s in codec.codebook_sizes])
     spf, rate = codec.samples_per_frame, codec.sample_rate
-    n = spec["frames"]
     codec.decode(codes[:, :4])  # warm-up (first-call set-up of the libraries)
     # sgemm right around the decodes, in this process with its thread settings: the ratio
     # holds under the machine's load at that moment
