@@ -26,8 +26,8 @@ def numba_available() -> bool:
 NUMBA_TYPES = frozenset({"f16", "q8_0"})
 
 
-#: codec rank (s2core.codec.selection): below torch's CPU codec, whose oneDNN convolutions
-#: beat im2col + sgemm here (s2core bench --codec)
+#: codec rank (s2core.codec.selection): above torch's CPU codec, whose measured share of the
+#: sgemm peak was lower with two threads here (see s2core_torch.plugin.CODEC_CPU_PRIORITY)
 CODEC_PRIORITY = 100
 
 

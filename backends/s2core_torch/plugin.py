@@ -31,9 +31,11 @@ CUDA_PRIORITY = 300
 #: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster.
 CPU_PRIORITY = 90
 
-#: codec rank (s2core.codec.selection): on the CPU above NumPy's im2col + sgemm, as measured
-#: (oneDNN's conv1d; s2core bench --codec); on CUDA with the Slow-AR's CUDA priority
-CODEC_CPU_PRIORITY = 110
+#: codec rank (s2core.codec.selection): on the CPU just below NumPy's codec, as measured with
+#: two threads on this project's shared 2-core machine (s2core bench --codec: NumPy's im2col +
+#: sgemm reached 41-48% of the sgemm measured beside it, torch 28-38%; torch led only
+#: single-threaded, 61% to 52%); on CUDA the Slow-AR's CUDA priority
+CODEC_CPU_PRIORITY = 95
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
