@@ -1,11 +1,11 @@
-"""The PyTorch backend's codec: conv1d / conv_transpose1d (oneDNN on the CPU, cuDNN on CUDA),
-fused SDPA attention, float32 throughout (F16 files are widened once on load).
+"""The PyTorch backend's codec: conv1d for kernels > 1 (oneDNN on the CPU, cuDNN on CUDA),
+addmm for 1x1 convs and ConvTransposes (torch's CPU conv paths for those shapes are slow im2col /
+col2im ones), fused SDPA attention, float32 throughout (F16 files are widened once on load).
 
 Activations are channels-first [1, C, L]. Every op of the decode path is causal (CODEC.md 4), so
 a push runs each conv on its input with the rows it reaches back to on top (zeros at the start
-of a stream): padding=0, no output cropping but the ConvTranspose's. A ConvTranspose with
-kernel 2s reads the previous input too; given it, its first output block (from that previous
-input alone) is dropped. The post_module attends over its last window - 1 frames' K/V, kept
+of a stream): padding=0, no cropping. A ConvTranspose with kernel 2s reads the previous input
+too (one matrix product per tap). The post_module attends over its last window - 1 frames' K/V, kept
 after RoPE, with positions continuing across pushes: the state is bounded, so a frame costs the
 same at frame 10 and frame 1000, and frames pushed one at a time give the one-shot samples.
 
