@@ -13,6 +13,7 @@ backend that needs it is chosen.
 from __future__ import annotations
 
 from .backend import Backend, Capabilities
+from .codec import Codec, CodecBackend, CodecCapabilities, StreamDecoder
 from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInitializedError,
                      CacheOverflowError, FileFormatError, InvalidInputError, InvalidTokensError,
                      ModelFileError, PrefixFileError, PrefixMismatchError, S2CoreError,
@@ -20,7 +21,7 @@ from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInit
 from .gguf_file import ModelFile
 from .hparams import FastHparams, Hparams
 from .inputs import EvalBatch
-from .loading import default_backend, load
+from .loading import default_backend, load, load_codec
 from .model import Result, SlowARModel
 from .prefix import KVPrefix, ModelIdentity
 from .registry import BackendInfo, get_registry
@@ -36,6 +37,7 @@ __all__ = [
     "BackendRegistryError", "__version__", "KVPrefix", "ModelIdentity", "Tokenizer",
     "PrefixMismatchError", "FileFormatError", "PrefixFileError", "VoiceFileError",
     "TokenizerError",
+    "load_codec", "Codec", "CodecBackend", "CodecCapabilities", "StreamDecoder",
 ]
 
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .codec.backend import CodecCapabilities
 from .errors import InvalidInputError
 from .gguf_file import ModelFile
 from .inputs import EvalBatch
@@ -60,6 +61,8 @@ class Capabilities:
     #: the backend implements `write_kv_cache`, so a saved voice prefix is restored by writing
     #: its K/V; without it the core recomputes the prefix from its token rows (slower)
     writes_kv_cache: bool = False
+    #: the audio codec this backend provides (its plugin names the class), or None
+    codec: CodecCapabilities | None = None
 
     def __post_init__(self):
         # Sets and lists where frozensets and tuples are meant are taken as such.
@@ -88,7 +91,7 @@ class Capabilities:
 
         if not (isinstance(self.device, str) and self.device):
             p.append(f"device={self.device!r} is not a non-empty string")
-        for flag in ("accelerator", "requires_single_token_semantic_prefill"):
+        for flag in ("accelerator", "requires_single_token_semantic_prefill", "writes_kv_cache"):
             if not isinstance(getattr(self, flag), bool):
                 p.append(f"{flag}={getattr(self, flag)!r} is not a bool")
         n = self.n_accelerated_layers
@@ -123,6 +126,8 @@ class Capabilities:
                 and math.isfinite(e[1]) and e[1] > 0 for e in overhead)):
             p.append(f"native_weight_overhead={overhead!r} is not a tuple of (type name, "
                      "positive factor)")
+        if not (self.codec is None or isinstance(self.codec, CodecCapabilities)):
+            p.append(f"codec={self.codec!r} is not None or a CodecCapabilities")
         return p
 
     @property
@@ -148,6 +153,7 @@ class Capabilities:
         d["native_weight_types"] = sorted(self.native_weight_types)
         d["mapped_weight_types"] = sorted(self.mapped_weight_types)
         d["kv_cache_storage_dtype"] = self.kv_cache_held_dtype
+        d["codec"] = self.codec.describe() if self.codec is not None else None
         return d
 
 

@@ -1,4 +1,4 @@
-"""The `s2core` command: backends, info, demo, speak, voices, bench."""
+"""The `s2core` command: backends, info, demo, speak, voices, bench, decode, encode."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections import Counter
 
 import s2core
 
+from .codec import commands as codec_commands
 from .errors import S2CoreError
 from .gguf_file import ModelFile
 from .memory import (backend_kv_cache_bytes, copied_weight_bytes, kv_cache_bytes,
@@ -45,6 +46,12 @@ def cmd_backends(args: argparse.Namespace) -> int:
                   f"types to {c.widened_weight_dtype}"
                   + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
                      else ""))
+            if c.codec is not None:
+                k = c.codec
+                print(f"    codec: {k.compute_dtype} on {k.device}, "
+                      f"{'exact streaming' if k.streaming else 'windowed streaming'}, "
+                      f"{'encodes' if k.encode else 'decode only'}, codec priority "
+                      f"{k.priority if k.priority is not None else r.priority}")
         if r.options:
             print("    options: " + "; ".join(f"{o.name}={o.allowed()} (default {o.default!r})"
                                            for o in r.options))
@@ -141,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .speak import add_arguments
     add_arguments(s)
     sub.add_parser("bench", help="benchmarks (see `s2core bench --help`)", add_help=False)
+    codec_commands.add_parsers(sub)
     return p
 
 
@@ -151,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(argparse.Namespace(), argv[1:])
     args = parser.parse_args(argv)
     try:
-        return {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo,
-                "speak": cmd_speak, "voices": cmd_voices}[args.command](args)
+        commands = {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo,
+                    "speak": cmd_speak, "voices": cmd_voices, **codec_commands.COMMANDS}
+        return commands[args.command](args)
     except S2CoreError as exc:
         print(f"s2core: error: {exc}", file=sys.stderr)
         return 2

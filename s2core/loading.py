@@ -15,11 +15,16 @@ import warnings
 from typing import Any
 
 from .backend import Backend
+from .codec.model import Codec
 from .errors import BackendUnavailableError, InvalidInputError
 from .gguf_file import ModelFile
 from .model import SlowARModel
 from .registry import ENV_BACKEND, Registry, get_registry
 from .selection import rank_backends
+
+
+#: names the backend load_codec() uses when none is given
+ENV_CODEC_BACKEND = "S2CORE_CODEC_BACKEND"
 
 
 class BackendFallbackWarning(UserWarning):
@@ -91,3 +96,27 @@ def default_backend(path: str | os.PathLike | None = None) -> str:
             return pick_backend(registry, model_file, None, {})[0]
     finally:
         model_file.close()
+
+
+def load_codec(path: str | os.PathLike, backend: str | None = None, **options: Any) -> Codec:
+    """Open the audio codec of a GGUF file (a full S2 Pro file's `c.*` tensors, or a
+    codec-only file) on a backend that provides one.
+
+    backend=None: $S2CORE_CODEC_BACKEND if set, else the best codec provider
+    (`s2core.codec.selection`). `options` go to the backend's codec (for example device="cpu").
+    """
+    from .codec.file import CodecFile
+    from .codec.selection import choose_codec_backend
+    registry = get_registry()
+    if backend is not None and not isinstance(backend, str):
+        raise InvalidInputError("backend_type", f"backend must be a name (str) or None, "
+                                                f"got {type(backend).__name__}")
+    if backend is None:
+        backend = os.environ.get(ENV_CODEC_BACKEND, "").strip() or choose_codec_backend(registry.list())
+    codec_cls = registry.codec_class(backend)
+    codec_file = CodecFile(path)
+    try:
+        return Codec(codec_file, codec_cls(codec_file, **options))
+    except BaseException:
+        codec_file.close()
+        raise

@@ -115,6 +115,9 @@ class BackendSpec:
     description: str = ""
     #: the keyword options the backend's class takes; any other name is refused by the core
     options: tuple[Option, ...] = ()
+    #: "module:Class" of its s2core.codec.CodecBackend, imported only when chosen; "" = none.
+    #: The probe's Capabilities.codec declares what it is.
+    codec_class: str = ""
 
 
 class HookSpecs:

@@ -38,6 +38,9 @@ def spec_problems(spec: Any) -> list[str]:
                  "(starting with a letter or digit)")
     if not (isinstance(spec.backend_class, str) and CLASS_PATTERN.match(spec.backend_class)):
         p.append(f"backend_class {short(spec.backend_class)} is not 'module:Class'")
+    codec = getattr(spec, "codec_class", "")
+    if not (codec == "" or (isinstance(codec, str) and CLASS_PATTERN.match(codec))):
+        p.append(f"codec_class {short(codec)} is not '' or 'module:Class'")
     if not callable(spec.probe):
         p.append(f"probe {short(spec.probe)} is not callable")
     if not is_int(spec.priority):

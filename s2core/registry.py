@@ -55,11 +55,13 @@ class BackendInfo:
     backend_class: str = ""
     #: the keyword options load() accepts for this backend
     options: tuple[Option, ...] = ()
+    codec_class: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "priority": self.priority, "available": self.available,
             "reason": self.reason, "source": self.source, "description": self.description,
+            "codec_class": self.codec_class,
             "capabilities": self.capabilities.describe() if self.capabilities else None,
             "options": {o.name: {"allowed": o.allowed(), "default": repr(o.default),
                                  "doc": o.doc} for o in self.options},
@@ -203,6 +205,25 @@ class Registry:
             raise outcome
         return outcome
 
+    def codec_class(self, name: str) -> type:
+        """Import and return the codec class of an available backend that provides one."""
+        from .codec.backend import CodecBackend
+        info = self.info(name)
+        if not info.available:
+            raise BackendUnavailableError(f"backend {name!r} is unavailable here: {info.reason}")
+        if not info.codec_class or info.capabilities is None or info.capabilities.codec is None:
+            raise BackendUnavailableError(f"backend {name!r} provides no codec")
+        try:
+            cls = _import_object(info.codec_class)
+        except BaseException as exc:
+            _reraise_interrupt(exc)
+            raise BackendUnavailableError(
+                f"backend {name!r}: importing codec {info.codec_class} failed: {exc!r}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, CodecBackend)):
+            raise BackendUnavailableError(
+                f"backend {name!r}: {info.codec_class} is not a subclass of s2core.codec.CodecBackend")
+        return cls
+
 
 def _import_backend(name: str, path: str) -> type[Backend] | BackendUnavailableError:
     try:
@@ -311,7 +332,7 @@ def _row(spec: BackendSpec, source: str, probe: Probe, trusted: bool) -> Backend
                        reason=probe.reason,
                        capabilities=probe.capabilities if trusted else None, source=source,
                        description=spec.description, backend_class=spec.backend_class,
-                       options=spec.options)
+                       options=spec.options, codec_class=spec.codec_class)
 
 
 def _import_object(path: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from s2core.backend import Capabilities
+from s2core.codec.backend import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "f32")
@@ -25,6 +26,18 @@ def numba_available() -> bool:
 NUMBA_TYPES = frozenset({"f16", "q8_0"})
 
 
+#: codec rank (s2core.codec.selection): above torch's CPU codec, whose measured share of the
+#: sgemm peak was lower with two threads here (see s2core_torch.plugin.CODEC_CPU_PRIORITY)
+CODEC_PRIORITY = 100
+
+
+def numpy_codec_capabilities() -> CodecCapabilities:
+    """The codec (codec.py): float32 from widened weights, exact streaming, encoder."""
+    return CodecCapabilities(device="cpu", accelerator=False, compute_dtype="f32", streaming=True,
+                             encode=True, native_weight_types=frozenset({"f32"}),
+                             priority=CODEC_PRIORITY)
+
+
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None
                        ) -> Capabilities:
     """numba_kernels: F16 and Q8_0 matrices kept in their file type; None = when numba is
@@ -40,7 +53,7 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
                         widened_weight_dtype="f32", mapped_weight_types=frozenset({"f32"}),
                         writes_kv_cache=True,
                         native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
-                        if numba_kernels else ())
+                        if numba_kernels else (), codec=numpy_codec_capabilities())
 
 
 def probe() -> Probe:
@@ -65,5 +78,6 @@ OPTIONS = (
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="numpy", backend_class="s2core_numpy.backend:NumpyBackend",
                         probe=probe, priority=PRIORITY, options=OPTIONS,
+                        codec_class="s2core_numpy.codec:NumpyCodec",
                         description="float32 NumPy/BLAS on the CPU; keeps F16 and Q8_0 with "
                                     "numba, widens other types to float32")]

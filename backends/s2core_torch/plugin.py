@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from s2core.backend import Capabilities
+from s2core.codec.backend import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 ENV_DEVICE = "S2CORE_TORCH_DEVICE"
@@ -36,6 +37,12 @@ CUDA_PRIORITY = 300
 #: the tie goes to NumPy; selection prefers torch where it holds fewer bytes or copies fewer
 #: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster.
 CPU_PRIORITY = 90
+
+#: codec rank (s2core.codec.selection): on the CPU just below NumPy's codec, as measured with
+#: two threads on this project's shared 2-core machine (s2core bench --codec: NumPy's im2col +
+#: sgemm reached 41-48% of the sgemm measured beside it, torch 28-38%; torch led only
+#: single-threaded, 61% to 52%); on CUDA the Slow-AR's CUDA priority
+CODEC_CPU_PRIORITY = 95
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -89,7 +96,16 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         # on the CPU the stored types are torch views of the memory map; CUDA copies them
         mapped_weight_types=frozenset() if on_cuda else native,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE,
-        writes_kv_cache=True)
+        writes_kv_cache=True,
+        codec=torch_codec_capabilities(device))
+
+
+def torch_codec_capabilities(device: str) -> CodecCapabilities:
+    """The codec (codec.py): float32 conv1d / conv_transpose1d and SDPA, exact streaming."""
+    on_cuda = device_kind(device) == "cuda"
+    return CodecCapabilities(device=device, accelerator=on_cuda, compute_dtype="f32",
+                             streaming=True, encode=True, native_weight_types=frozenset({"f32"}),
+                             priority=CUDA_PRIORITY if on_cuda else CODEC_CPU_PRIORITY)
 
 
 def nvidia_driver_present() -> bool:
@@ -181,6 +197,7 @@ OPTIONS = (
 def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="torch", backend_class="s2core_torch.backend:TorchBackend",
                         probe=probe, priority=CPU_PRIORITY, options=OPTIONS,
+                        codec_class="s2core_torch.codec:TorchCodec",
                         description="PyTorch on CUDA (f32/f16/bf16 compute) or the CPU; "
                                     "F16/BF16 weights kept as stored, quantized ones too on "
                                     "CUDA (Triton dequantizing kernels)")]

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"output directory (default {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true",
                    help="a tiny run (1-layer test-sized model, few repetitions) for tests")
+    p.add_argument("--codec", action="store_true",
+                   help="the codec's decode benchmark instead (see `s2core bench --codec --help`)")
     p.add_argument("--render", type=Path, metavar="JSON",
                    help="measure nothing: print the tables of an earlier run's JSON and rewrite "
                         "its PNG and markdown next to it")
@@ -72,7 +74,11 @@ def output_stem(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "--codec" in argv:  # the codec's benchmark has its own options (s2core.benchmarking.codec)
+        from .codec import main as codec_main
+        return codec_main(argv)
+    args = build_parser().parse_args(argv)
     missing = [m for m in REQUIRED if not _importable(m)]
     if missing:
         print(f"s2core bench needs {', '.join(missing)}: pip install 's2core[bench]'", file=sys.stderr)

@@ -12,7 +12,7 @@ import os
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import gguf
 import numpy as np
@@ -23,6 +23,9 @@ from ..gguf_blocks import random_blocks as _random_blocks
 from ..hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
 from ..layout import expected_tensors, is_norm
 from .kquants import quantize_k
+
+if TYPE_CHECKING:
+    from .codec_writer import CodecConfig
 
 #: weight types the writer produces, by their file-name spelling
 WEIGHT_TYPES: dict[str, QT] = {
@@ -166,11 +169,14 @@ RANDOM_BLOCK_SCALE = 3e-5
 def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", seed: int = 0,
                 include_codec: bool = False, name: str = "s2core random test model",
                 progress: Callable[[int, int], None] | None = None,
-                random_blocks: bool = False) -> WrittenModel:
+                random_blocks: bool = False,
+                codec: "CodecConfig | None" = None) -> WrittenModel:
     """Write a GGUF file in s2.cpp's layout for hparams `hp` with random weights.
 
-    `include_codec` adds a few `c.*` codec tensors and `fish_speech.codec.*` keys, as real
-    files have, which readers must ignore. `progress(done, total)` is called per tensor.
+    `include_codec` adds a few `c.*` placeholder tensors and two `fish_speech.codec.*` keys,
+    which the Slow-AR's readers must ignore. `codec` adds a whole codec instead (its `c.*`
+    tensors in F16, or F32 in an f32 file, as s2.cpp's exporter writes them; see
+    codec_writer). `progress(done, total)` is called per tensor.
     `random_blocks`: quantized tensors get random valid blocks instead of quantized random
     weights, for timing S2 Pro-sized files (the K-quant quantizer takes minutes a layer; a
     step's time does not depend on the values). Their numbers mean nothing else.
@@ -187,9 +193,16 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
             for n, s in expected_tensors(hp).items()]
     if include_codec:
         plan += [("c.encoder.conv.weight", (8, 16), QT.F16), ("c.quantizer.codebook", (32, 8), QT.F32)]
+    codec_values = None
+    if codec is not None:
+        from .codec_writer import add_codec_metadata, codec_plan, codec_tensor_values
+        plan += codec_plan(codec, "f32" if weight_type == "f32" else "f16", prefix="c.")
+        codec_values = codec_tensor_values(codec, seed)
 
     writer = gguf.GGUFWriter(tmp, arch=hp.architecture)
     _add_metadata(writer, hp, weight_type, name, include_codec)
+    if codec is not None:
+        add_codec_metadata(writer, codec)
     for tname, shape, qt in plan:
         block, size = gguf.GGML_QUANT_SIZES[qt]
         nbytes = int(np.prod(shape)) // block * size
@@ -198,7 +211,9 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for done, (tname, shape, qt) in enumerate(plan, 1):
-        if random_blocks and qt in QUANTIZED_TYPES:
+        if codec_values is not None and tname.startswith("c."):
+            data = encode(codec_values(tname[2:], shape), qt)
+        elif random_blocks and qt in QUANTIZED_TYPES:
             values = gguf.GGML_QUANT_SIZES[qt][0]
             data = _random_blocks(qt, shape[0], shape[1] // values, seed + done,
                                   RANDOM_BLOCK_SCALE)

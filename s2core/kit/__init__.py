@@ -1,7 +1,10 @@
-"""The conformance kit: a float64 reference, the kit's models, and the base test classes.
+"""The conformance kit: float64 references (the Slow-AR's and the codec's), the kit's models,
+and the base test classes.
 
-Import `BackendConformance` only inside a pytest run (it imports pytest)."""
+Import `BackendConformance` and `CodecConformance` only inside a pytest run (they import
+pytest)."""
 
+from .codec_reference import CodecReference
 from .reference import Reference, ReferenceOutput
 from .tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
@@ -10,8 +13,11 @@ def __getattr__(name: str):
     if name == "BackendConformance":  # keep pytest out of `import s2core.kit`
         from .conformance import BackendConformance
         return BackendConformance
+    if name == "CodecConformance":
+        from .codec_conformance import CodecConformance
+        return CodecConformance
     raise AttributeError(name)
 
 
-__all__ = ["BackendConformance", "Reference", "ReferenceOutput", "fast_tolerance",
+__all__ = ["BackendConformance", "CodecConformance", "CodecReference", "Reference", "ReferenceOutput", "fast_tolerance",
            "kv_tolerance", "output_tolerance"]

@@ -13,6 +13,7 @@ import importlib.util
 import platform
 
 from s2core.backend import Capabilities
+from s2core.codec.backend import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
@@ -64,6 +65,15 @@ QUANT_OVERHEAD = {
 }
 
 
+def mlx_codec_capabilities(metal: bool) -> CodecCapabilities:
+    """The codec (codec.py): float32 mx.conv1d / conv_transpose1d and mx.fast kernels, exact
+    streaming; ranked like the backend itself (Metal first, the Linux CPU build last)."""
+    return CodecCapabilities(device="metal" if metal else "cpu", accelerator=metal,
+                             compute_dtype="f32", streaming=True, encode=True,
+                             native_weight_types=frozenset({"f32"}),
+                             priority=METAL_PRIORITY if metal else CPU_PRIORITY)
+
+
 def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16", widened_weight_dtype: str = "f32",
                      quant_scale_dtype: str = "f16", sub_block_quants: str = "split"
                      ) -> Capabilities:
@@ -76,7 +86,8 @@ def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16", widened_weight_dt
         native_weight_types=NATIVE_WEIGHT_TYPES | (SPLIT_TYPES if split else frozenset()),
         widened_weight_dtype=widened_weight_dtype,
         native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype] + (SPLIT_OVERHEAD if split else ()),
-        writes_kv_cache=True)
+        writes_kv_cache=True,
+        codec=mlx_codec_capabilities(metal))
 
 
 def _installed(distribution: str) -> bool:
@@ -137,6 +148,7 @@ def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(
         name="mlx", backend_class="s2core_mlx.backend:MlxBackend", probe=probe,
         priority=CPU_PRIORITY, options=OPTIONS,
+        codec_class="s2core_mlx.codec:MlxCodec",
         description="MLX (Apple GPU via Metal, or CPU): float32 compute, fused RMSNorm/RoPE/"
                     "attention kernels, GGUF quants kept quantized where MLX's format fits "
                     "(legacy quants at the file's size; Q4_K/Q5_K at 1.3x), incremental "
