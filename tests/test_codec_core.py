@@ -299,3 +299,28 @@ def test_a_backend_without_exact_streaming_falls_back_to_windows():
     short = c.stream_decoder(history_frames=1)
     assert short.push(codes).shape == (160,) and short._history.shape == (10, 1)
     c.close()
+
+
+def test_hostile_codec_files_are_named_model_file_errors(tmp_path):
+    """The codec is read through the same validating reader as the model (gguf_container):
+    a truncated file, a FIFO, a NaN key and a directory fail with the reason, never hang."""
+    import math
+    import os
+    good = write_variant(tmp_path / "good.gguf")
+    data = good.read_bytes()
+    for cut in (10, len(data) // 3, len(data) - 1):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(ModelFileError, match="truncated"):
+            CodecFile(bad)
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(ModelFileError) as info:
+        CodecFile(fifo)
+    assert info.value.check == "not_regular_file"
+    with pytest.raises(ModelFileError):
+        CodecFile(tmp_path)
+    nan = write_variant(tmp_path / "nan.gguf", extra_keys={
+        "rvq_transformer.rope_freq_base": (math.nan, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(ModelFileError, match="finite"):
+        CodecFile(nan)

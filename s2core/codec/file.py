@@ -17,8 +17,10 @@ from typing import Any
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType as VT
 
 from ..errors import ModelFileError
+from ..gguf_container import INTEGER_TYPES, GGUFFile
 from .hparams import KEY_PREFIX, CodecHparams
 from .layout import CodecLayout, build_layout
 
@@ -34,44 +36,47 @@ MAX_LISTED = 12
 class StoredTensor:
     type: QT
     shape: tuple[int, ...]  # PyTorch order; GGUF's ne is this reversed
-    data: Any               # the memory-mapped array as gguf-py exposes it
+    data: Any               # the memory-mapped array (a read-only view)
     n_bytes: int
 
 
 class _GGUFSource:
-    """The only code here that touches `gguf.GGUFReader`, so the codec can move onto the
-    project's hardened reader by changing this class alone."""
+    """The container, read through the project's validating reader (s2core.gguf_container:
+    bounded counts, typed values, tensor offsets checked, regular files only, truncation
+    said), so a hostile codec file fails as a hostile model file does."""
 
     def __init__(self, path: Path):
-        try:
-            self._reader: gguf.GGUFReader | None = gguf.GGUFReader(path, "r")
-        except FileNotFoundError as exc:
-            raise ModelFileError(f"codec file not found: {path}") from exc
-        except (ValueError, OSError, KeyError, IndexError) as exc:
-            raise ModelFileError(f"{path} is not a readable GGUF file: {exc}") from exc
-        self.tensors = {t.name: StoredTensor(t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist())),
-                                             t.data, int(t.n_bytes))
-                        for t in self._reader.tensors}
+        self._file: GGUFFile | None = GGUFFile(path)
+        f = self._file
+        self.tensors = {name: StoredTensor(t.type, t.shape, f.tensor_data(name), t.n_bytes)
+                        for name, t in f.tensors.items()}
 
     def value(self, key: str) -> Any:
-        field = self._reader.fields.get(key)
-        return None if field is None else field.contents()
+        return self._file.get(key, str, None)
 
     def values(self, prefix: str) -> dict[str, Any]:
-        """Every field under `prefix` (scalars and arrays), keys without the prefix. Only these
-        are decoded: a full model's tokenizer holds ~155k strings."""
-        return {k[len(prefix):]: f.contents() for k, f in self._reader.fields.items()
-                if k.startswith(prefix)}
+        """Every field under `prefix` (scalars and integer arrays), keys without the prefix,
+        as Python values; the codec's key reader checks each one's type."""
+        f, out = self._file, {}
+        for key in f.keys():
+            if not key.startswith(prefix):
+                continue
+            entry = f.value_type(key)
+            if entry.type == VT.ARRAY:
+                kind = int if entry.element_type in INTEGER_TYPES else float
+                out[key[len(prefix):]] = (f.get_array(key, kind).tolist()
+                                          if entry.element_type != VT.STRING else None)
+            elif entry.type == VT.STRING:
+                out[key[len(prefix):]] = f.get(key, str)
+            else:
+                out[key[len(prefix):]] = entry.value
+        return out
 
     def close(self) -> None:
-        reader, self._reader = self._reader, None
+        file, self._file = self._file, None
         self.tensors = {}
-        mm = getattr(getattr(reader, "data", None), "_mmap", None)
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # a view is still alive; the OS unmaps it when that view goes
+        if file is not None:
+            file.close()
 
 
 class CodecFile:

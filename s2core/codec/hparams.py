@@ -218,6 +218,8 @@ class _KeyReader:
         v = self._get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ModelFileError(f"codec key {KEY_PREFIX}{key} = {v!r} is not a number")
+        if not math.isfinite(v):
+            raise ModelFileError(f"codec key {KEY_PREFIX}{key} = {v} is not a finite number")
         return float(v)
 
     def ints(self, key: str, positive: bool = True) -> tuple[int, ...]:
