@@ -123,7 +123,7 @@ class F16Matrix(TiledMatrix):
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
         from .fewrows import few_rows, f16_rows  # rows in groups of four (fewrows.py)
-        few_rows(f16_rows, (self.codes,), x, out)
+        few_rows(f16_rows, (self.codes.view(np.int16),), x, out)
 
     def _decode_transposed(self, w_t: np.ndarray) -> None:
         _decode_transposed(self.codes, w_t)
