@@ -166,8 +166,8 @@ def test_batch_case_quick_run(tmp_path):
         for row in r["sizes"]:
             # every request's timed frames (served in turns, the later requests' first frames
             # fall in the timed part too)
-            assert row["sequences"] * report["frames"] <= row["frames"] \
-                <= row["sequences"] * (report["frames"] + 1)
+            assert row["sequences"] * report["frames"] * row["rounds"] <= row["frames"] \
+                <= row["sequences"] * (report["frames"] + 1) * row["rounds"]
             assert row["frames_per_s"] > 0 and row["speedup"] > 0
     assert by_backend["numpy"]["sizes"][1]["sequences_per_call"] == 2
     assert by_backend["example"]["sizes"][1]["sequences_per_call"] == 1  # served in turns

@@ -8,7 +8,10 @@ go through the real server (s2core.serving.Server, max_sequences=B): the first s
 them (prefills and first frames); the timed part is every later step, each of which makes
 one frame for every request (B Fast-AR rows per codebook, then one Slow-AR call of B rows).
 Frames per second = frames made in the timed steps / their wall time, sampling included.
-Step time = the median Slow-AR call; fast time = the median Fast-AR part of a frame.
+Step time = the median Slow-AR call; fast time = the median Fast-AR part of a frame. The
+sizes run in interleaved rounds (1, 2, 4, 8, then 2, 4, 8, 1, ...), so the load of a shared
+machine, which drifts, weighs on every size alike; the speedup of a size is the median of its
+ratio to the same round's B=1.
 
 A backend whose capabilities say max_batch_sequences = 1 serves the B requests one after
 another (the server's fallback): its figures show what batching is worth by contrast.
@@ -79,12 +82,32 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                         "sequences_per_call": min(b, caps.max_batch_sequences)}
 
         run(1)  # warm-up: first touch of weights and buffers, kernel compilation
+        # Rounds, each running every batch size (in a rotated order): on a shared machine the
+        # neighbours' load drifts by 2x within minutes, and a drift then hits every size alike.
+        # A size's speedup is the median over rounds of its frames/s over the same round's B=1.
+        runs: dict[int, list[dict[str, Any]]] = {b: [] for b in spec["sizes"]}
         started = time.perf_counter()
-        for b in spec["sizes"]:
-            if out["sizes"] and time.perf_counter() - started > spec["budget_s"]:
-                out["stopped"] = f"phase budget of {spec['budget_s']:.0f} s spent before B={b}"
+        for k in range(spec["rounds"]):
+            if k and time.perf_counter() - started > spec["budget_s"]:
+                out["stopped"] = f"phase budget of {spec['budget_s']:.0f} s spent after {k} rounds"
                 break
-            out["sizes"].append(run(b))
+            sizes = list(spec["sizes"])
+            for b in sizes[k % len(sizes):] + sizes[:k % len(sizes)]:
+                runs[b].append(run(b))
+        for b, rows in runs.items():
+            if not rows:
+                continue
+            row = {"sequences": b, "sequences_per_call": rows[0]["sequences_per_call"],
+                   "rounds": len(rows), "frames": sum(r["frames"] for r in rows),
+                   "frames_per_s_rounds": [r["frames_per_s"] for r in rows]}
+            row["frames_per_s"] = float(np.median(row["frames_per_s_rounds"]))
+            row["speedup_rounds"] = [r["frames_per_s"] / one["frames_per_s"]
+                                     for r, one in zip(rows, runs[spec["sizes"][0]])]
+            row["speedup"] = float(np.median(row["speedup_rounds"]))
+            for key in ("step_ms", "fast_ms"):
+                values = [r[key] for r in rows if r[key] is not None]
+                row[key] = float(np.median(values)) if values else None
+            out["sizes"].append(row)
         model.close()
     except BaseException as exc:  # report what was measured, and why the rest was not
         out["status"] = "error"
@@ -94,8 +117,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the parent
-def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 8,
-                        context: int = 64) -> dict[str, Any]:
+def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
+                        context: int = 64, rounds: int = 3) -> dict[str, Any]:
     from . import machine
     from .models import prepare_model
     from .runner import child_env, select_backends
@@ -108,6 +131,7 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 8,
         "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "config": cfg.as_dict(), "machine": info, "model_label": cfg.model_label,
         "machine_tag": machine.machine_tag(info), "results": [], "frames": frames,
+        "rounds": 1 if cfg.quick else rounds,
         "context": context, "sizes": list(sizes), "load_average_start": list(_loadavg())}
     for line in machine.summary_lines(info):
         say(line)
@@ -121,12 +145,11 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 8,
                     f"in a fresh process ...")
                 spec = {"backend": name, "weight_type": wtype, "path": str(acct.path),
                         "sizes": list(sizes), "frames": frames, "context": context,
+                        "rounds": 1 if cfg.quick else rounds,
                         "seed": cfg.seed, "budget_s": cfg.phase_budget_s}
                 result = _run_child(spec, tmp, child_env(cfg.threads), cfg.child_timeout_s)
                 if result["status"] == "ok":
-                    base = result["sizes"][0]["frames_per_s"] if result["sizes"] else None
                     for row in result["sizes"]:
-                        row["speedup"] = row["frames_per_s"] / base
                         say(f"    B={row['sequences']}: {row['frames_per_s']:.2f} frames/s "
                             f"({row['speedup']:.2f}x), step {_fmt(row['step_ms'])} ms, "
                             f"Fast-AR {_fmt(row['fast_ms'])} ms a frame")
@@ -167,7 +190,9 @@ def _loadavg() -> tuple[float, ...]:
 def table_lines(report: dict[str, Any]) -> list[str]:
     lines = [f"Batch case ({report['model_label']}): B concurrent requests of "
              f"{report['context']}-position prompts through s2core.serving.Server, "
-             f"{report['frames']} timed frames each (sampled, every request its own seed).", "",
+             f"{report['frames']} timed frames each (sampled, every request its own seed), "
+             f"{report.get('rounds', 1)} interleaved round(s): medians over rounds; vs B=1 = the "
+             "median of each round's ratio to that round's B=1.", "",
              "| type | backend | per call | B | frames/s | vs B=1 | step ms | Fast-AR ms/frame |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in report["results"]:
