@@ -141,3 +141,21 @@ def test_the_one_slot_fallback_on_a_backend_without_batching(tiny_model):
     for p, codes in zip(ps, many):
         np.testing.assert_array_equal(codes, generate(m, p, greedy(3)))
     m.close()
+
+
+def test_a_raising_callback_fails_its_request_only(model):
+    ps = prompts(3)
+    config = greedy(4)
+
+    def on_frame(i, frame):
+        if i == 1:
+            raise ZeroDivisionError("the caller's bug")
+    with Server(model, max_sequences=3) as server:
+        reqs = [server.submit(p, config, on_frame=on_frame if k == 1 else None)
+                for k, p in enumerate(ps)]
+        server.run()
+        assert reqs[1].stats.stopped_by == FAILED and len(reqs[1].frames) == 2
+        with pytest.raises(ZeroDivisionError):
+            reqs[1].codes()
+        for k in (0, 2):
+            np.testing.assert_array_equal(reqs[k].codes(), generate(model, ps[k], config))

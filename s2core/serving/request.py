@@ -136,8 +136,13 @@ class Request:
         self.stats.frames = len(self.frames)
         if self.stats.first_frame_s is None:
             self.stats.first_frame_s = time.perf_counter() - self._t_start
-        if self.on_frame is not None and self.on_frame(len(self.frames) - 1, frame) is False:
-            self._cancel = True
+        if self.on_frame is not None:
+            try:
+                if self.on_frame(len(self.frames) - 1, frame) is False:
+                    self._cancel = True
+            except Exception as exc:  # this request's callback: it alone ends, with the error
+                self._finish(FAILED, exc)
+                return frame
         if len(self.frames) == self.config.max_new_tokens:
             self._finish("max_new_tokens")
         return frame

@@ -20,6 +20,8 @@ One `step()`:
    <|im_end|> leave.
 
 A backend with max_batch_sequences = 1 has one slot: its requests run one after another.
+A backend error ends every running request with it (the waiting ones stay queued); a
+request's on_frame that raises ends that request alone.
 The server is driven from one thread (whoever iterates a request or calls step()).
 """
 
