@@ -116,11 +116,18 @@ def test_codec_of_another_model_is_refused_before_anything_runs(parts, assets, t
     assert model.n_past == 0
 
 
-def test_a_model_file_without_a_codec_says_so(tmp_path):
+def test_a_model_file_without_a_codec_says_so(tmp_path, assets, capsys):
     path = tmp_path / "no-codec.gguf"
     write_model(path, HP, "f16")
-    with pytest.raises(ModelFileError, match="holds no audio codec"):
+    with pytest.raises(ModelFileError, match=r"holds no audio codec \(no fish_speech.codec.\* "
+                                             r"keys, no c.\* tensors\)"):
         s2core.load_codec(path)
+    from s2core.cli import main
+    assert main(["info", str(path)]) == 0
+    assert "codec        none usable" in capsys.readouterr().out
+    assert main(["info", str(assets / "model.gguf")]) == 0
+    assert re.search(r"codec        44100 Hz, 2048 samples a frame, 10 codebooks .*f16, "
+                     r"encoder too", capsys.readouterr().out)
 
 
 # ---------------------------------------------------------------------- the command
