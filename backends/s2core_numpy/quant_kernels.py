@@ -1,0 +1,298 @@
+"""numba kernels for GGUF's block-quantized types, computed from the blocks as stored.
+
+The data: the file's blocks, transposed into tiles (quants.py): codes[t, b, k, j] is byte k of
+block b of output row t*TILE + j. So a kernel reads, for one block and one byte offset, TILE
+consecutive bytes (one per output row) and its innermost loops run over the TILE outputs of a
+tile, as the Q8_0 and F16 kernels' do (tiled.py): pure vector work, no horizontal sums.
+
+Decoding follows gguf.quants' dequantize_blocks step by step in float32: a sub-block's scale is
+formed as gguf forms it (e.g. Q4_K's d * sc and dmin * m) and the weight as scale * q - min,
+so `_decode_block` gives gguf's float32 weights bit for bit. Products either decode a block into
+a small buffer and multiply from it (every type), or, for the K-quants most files are made of
+(Q4_K, Q5_K, Q6_K), sum q * x per sub-block first and scale once (the same numbers up to float32
+summation order, as ggml computes them, without quantizing the activations).
+
+float16 fields (d, dmin, m) are widened through a 65,536-entry table (numba has no float16);
+tensors with an infinite or NaN scale never reach these kernels (quants.py widens them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .tiled import TILE
+
+# GGML's type numbers (gguf.GGMLQuantizationType), the kernels' `kind` argument
+Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 10, 11, 12, 13, 14
+
+
+@njit(inline="always")
+def _f16(codes, t, b, k, j, table):
+    """The float16 field at bytes k, k+1 of block (t, b), row j, as float32."""
+    return table[np.int64(codes[t, b, k, j]) | (np.int64(codes[t, b, k + 1, j]) << 8)]
+
+
+@njit(inline="always")
+def _k_scale_min(codes, t, b, s, j):
+    """Q4_K/Q5_K: the 6-bit scale and min of sub-block s (0..7), packed in bytes 4..15."""
+    if s < 4:
+        return codes[t, b, 4 + s, j] & 63, codes[t, b, 8 + s, j] & 63
+    lo = codes[t, b, 12 + s - 4, j]
+    return ((lo & 15) | ((codes[t, b, 4 + s - 4, j] >> 6) << 4),
+            (lo >> 4) | ((codes[t, b, 8 + s - 4, j] >> 6) << 4))
+
+
+@njit(inline="always")
+def _q3_k_scale(codes, t, b, s, j):
+    """Q3_K: the signed 6-bit scale of sub-block s (0..15), packed in bytes 96..107."""
+    low = (codes[t, b, 96 + s % 8, j] >> (4 * (s // 8))) & 15
+    high = (codes[t, b, 104 + s % 4, j] >> (2 * (s // 4))) & 3
+    return np.int32(low | (high << 4)) - 32
+
+
+@njit(inline="always")
+def _decode_block(kind, codes, t, b, w, table):
+    """Block b of tile t as float32 w[v, j] (v: the block's values, j: the tile's rows),
+    exactly gguf's dequantization."""
+    tile = codes.shape[3]
+    if kind == Q4_0 or kind == Q4_1:
+        off = 2 if kind == Q4_0 else 4
+        for j in range(tile):
+            d = _f16(codes, t, b, 0, j, table)
+            m = _f16(codes, t, b, 2, j, table) if kind == Q4_1 else np.float32(0)
+            for l in range(16):
+                byte = codes[t, b, off + l, j]
+                if kind == Q4_0:
+                    w[l, j] = d * np.float32(np.int32(byte & 15) - 8)
+                    w[l + 16, j] = d * np.float32(np.int32(byte >> 4) - 8)
+                else:
+                    w[l, j] = d * np.float32(byte & 15) + m
+                    w[l + 16, j] = d * np.float32(byte >> 4) + m
+    elif kind == Q5_0 or kind == Q5_1:
+        hi_off = 2 if kind == Q5_0 else 4
+        for j in range(tile):
+            d = _f16(codes, t, b, 0, j, table)
+            m = _f16(codes, t, b, 2, j, table) if kind == Q5_1 else np.float32(0)
+            qh = (np.uint32(codes[t, b, hi_off, j]) | (np.uint32(codes[t, b, hi_off + 1, j]) << 8)
+                  | (np.uint32(codes[t, b, hi_off + 2, j]) << 16)
+                  | (np.uint32(codes[t, b, hi_off + 3, j]) << 24))
+            for l in range(16):
+                byte = np.uint32(codes[t, b, hi_off + 4 + l, j])
+                q0 = (byte & 15) | (((qh >> l) & 1) << 4)
+                q1 = (byte >> 4) | (((qh >> (l + 16)) & 1) << 4)
+                if kind == Q5_0:
+                    w[l, j] = d * np.float32(np.int32(q0) - 16)
+                    w[l + 16, j] = d * np.float32(np.int32(q1) - 16)
+                else:
+                    w[l, j] = d * np.float32(q0) + m
+                    w[l + 16, j] = d * np.float32(q1) + m
+    elif kind == Q2_K:
+        for j in range(tile):
+            d = _f16(codes, t, b, 80, j, table)
+            dmin = _f16(codes, t, b, 82, j, table)
+            for s in range(16):
+                sc = codes[t, b, s, j]
+                dl = d * np.float32(sc & 15)
+                ml = dmin * np.float32(sc >> 4)
+                n, k, half = s // 8, (s // 2) % 4, s % 2
+                for l in range(16):
+                    q = (codes[t, b, 16 + n * 32 + half * 16 + l, j] >> (2 * k)) & 3
+                    w[s * 16 + l, j] = dl * np.float32(q) - ml
+    elif kind == Q3_K:
+        for j in range(tile):
+            d = _f16(codes, t, b, 108, j, table)
+            for s in range(16):
+                dl = d * np.float32(_q3_k_scale(codes, t, b, s, j))
+                n, k, half = s // 8, (s // 2) % 4, s % 2
+                for l in range(16):
+                    v = s * 16 + l
+                    low = np.int32((codes[t, b, 32 + n * 32 + half * 16 + l, j] >> (2 * k)) & 3)
+                    hbit = np.int32((codes[t, b, (v % 32), j] >> (v // 32)) & 1)
+                    w[v, j] = dl * np.float32(low - 4 * (hbit ^ 1))
+    elif kind == Q4_K or kind == Q5_K:
+        qs = 16 if kind == Q4_K else 48
+        for j in range(tile):
+            d = _f16(codes, t, b, 0, j, table)
+            dmin = _f16(codes, t, b, 2, j, table)
+            for s in range(8):
+                sc, mn = _k_scale_min(codes, t, b, s, j)
+                dl = d * np.float32(sc)
+                ml = dmin * np.float32(mn)
+                n, k = s // 2, s % 2
+                for l in range(32):
+                    q = (codes[t, b, qs + n * 32 + l, j] >> (4 * k)) & 15
+                    if kind == Q5_K:
+                        q |= ((codes[t, b, 16 + l, j] >> s) & 1) << 4
+                    w[s * 32 + l, j] = dl * np.float32(q) - ml
+    elif kind == Q6_K:
+        for j in range(tile):
+            d = _f16(codes, t, b, 208, j, table)
+            for s in range(16):
+                dl = d * np.float32(np.int8(codes[t, b, 192 + s, j]))
+                for l in range(16):
+                    v = s * 16 + l
+                    n, r = v // 128, v % 128  # r = k * 64 + l' for the low bits, k2 * 32 + l2
+                    low = (codes[t, b, n * 64 + r % 64, j] >> (4 * (r // 64))) & 15
+                    high = (codes[t, b, 128 + n * 32 + r % 32, j] >> (2 * (r // 32))) & 3
+                    w[v, j] = dl * np.float32(np.int32(low | (high << 4)) - 32)
+
+
+# -------------------------------------------------------------------------- generic paths
+@njit(parallel=True, cache=True)
+def matvec_decoded(kind, codes, table, x, out):
+    """out[t*TILE + j] = sum_v w[v] x[v], each block decoded into a small buffer first (the
+    types without a fused kernel)."""
+    n_tiles, n_blocks, _, tile = codes.shape
+    values = x.shape[0] // n_blocks
+    for t in prange(n_tiles):
+        acc = np.zeros(tile, np.float32)
+        w = np.empty((values, tile), np.float32)
+        for b in range(n_blocks):
+            _decode_block(kind, codes, t, b, w, table)
+            for v in range(values):
+                xv = x[b * values + v]
+                for j in range(tile):
+                    acc[j] += w[v, j] * xv
+        for j in range(tile):
+            out[t * tile + j] = acc[j]
+
+
+@njit(parallel=True, cache=True)
+def matmul_decoded(kind, codes, table, x, out):
+    """The same for n rows of x: each block is decoded once and used for every row."""
+    n_tiles, n_blocks, _, tile = codes.shape
+    n = x.shape[0]
+    values = x.shape[1] // n_blocks
+    for t in prange(n_tiles):
+        acc = np.zeros((n, tile), np.float32)
+        w = np.empty((values, tile), np.float32)
+        for b in range(n_blocks):
+            _decode_block(kind, codes, t, b, w, table)
+            for r in range(n):
+                for v in range(values):
+                    xv = x[r, b * values + v]
+                    for j in range(tile):
+                        acc[r, j] += w[v, j] * xv
+        for r in range(n):
+            for j in range(tile):
+                out[r, t * tile + j] = acc[r, j]
+
+
+@njit(parallel=True, cache=True)
+def decode_transposed(kind, codes, table, w_t):
+    """The whole matrix as float32 W^T (in, padded out), for sgemm."""
+    n_tiles, n_blocks, _, tile = codes.shape
+    values = w_t.shape[0] // n_blocks
+    for t in prange(n_tiles):
+        w = np.empty((values, tile), np.float32)
+        for b in range(n_blocks):
+            _decode_block(kind, codes, t, b, w, table)
+            for v in range(values):
+                for j in range(tile):
+                    w_t[b * values + v, t * tile + j] = w[v, j]
+
+
+@njit(cache=True)
+def gather_rows(kind, codes, table, rows, out):
+    """Rows `rows` as float32 (embedding lookups): only their tiles' blocks are decoded, and
+    of those only the row asked for is kept."""
+    _, n_blocks, _, tile = codes.shape
+    values = out.shape[1] // n_blocks
+    w = np.empty((values, tile), np.float32)
+    for r in range(rows.shape[0]):
+        t, j = rows[r] // tile, rows[r] % tile
+        for b in range(n_blocks):
+            _decode_block(kind, codes, t, b, w, table)
+            for v in range(values):
+                out[r, b * values + v] = w[v, j]
+
+
+# -------------------------------------------------------------------------- fused K-quants
+# Per sub-block the integer-weighted sum of x is formed first and scaled once; a min is
+# applied to the sub-block's sum of x (`xs`, computed once per product), so the innermost
+# loops only unpack bits, convert and multiply-add.
+
+@njit(inline="always")
+def _q45_k_block(codes, t, b, x, xs, acc, lo, hi, table, five):
+    """acc += this Q4_K (five=False) or Q5_K block's share of the product, for one row x."""
+    qs = 48 if five else 16
+    base = b * 256
+    for n in range(4):  # 64 values: low nibbles sub-block 2n, high nibbles sub-block 2n+1
+        lo[:] = 0.0
+        hi[:] = 0.0
+        for l in range(32):
+            xl, xh = x[base + n * 64 + l], x[base + n * 64 + 32 + l]
+            for j in range(TILE):
+                byte = codes[t, b, qs + n * 32 + l, j]
+                ql, qh = byte & 15, byte >> 4
+                if five:
+                    hb = codes[t, b, 16 + l, j] >> (2 * n)
+                    ql |= (hb & 1) << 4
+                    qh |= (hb & 2) << 3
+                lo[j] += np.float32(ql) * xl
+                hi[j] += np.float32(qh) * xh
+        s0 = b * 8 + 2 * n
+        for j in range(TILE):
+            d = _f16(codes, t, b, 0, j, table)
+            dmin = _f16(codes, t, b, 2, j, table)
+            sc0, m0 = _k_scale_min(codes, t, b, 2 * n, j)
+            sc1, m1 = _k_scale_min(codes, t, b, 2 * n + 1, j)
+            acc[j] += ((d * np.float32(sc0)) * lo[j] + (d * np.float32(sc1)) * hi[j]
+                       - ((dmin * np.float32(m0)) * xs[s0] + (dmin * np.float32(m1)) * xs[s0 + 1]))
+
+
+@njit(inline="always")
+def _q6_k_block(codes, t, b, x, xs, acc, part, table):
+    """acc += this Q6_K block's share (q - 32 as q times x, less 32 times the sub-block's
+    sum of x)."""
+    base = b * 256
+    for n in range(2):
+        for half in range(2):  # l in [0, 16) and [16, 32): eight sub-blocks of 16
+            part[:, :] = 0.0
+            for l in range(half * 16, half * 16 + 16):
+                v = base + n * 128 + l
+                x0, x1, x2, x3 = x[v], x[v + 32], x[v + 64], x[v + 96]
+                for j in range(TILE):
+                    a = codes[t, b, n * 64 + l, j]
+                    a2 = codes[t, b, n * 64 + 32 + l, j]
+                    h = codes[t, b, 128 + n * 32 + l, j]
+                    part[0, j] += np.float32((a & 15) | ((h & 3) << 4)) * x0
+                    part[1, j] += np.float32((a2 & 15) | ((h & 12) << 2)) * x1
+                    part[2, j] += np.float32((a >> 4) | (h & 48)) * x2
+                    part[3, j] += np.float32((a2 >> 4) | ((h >> 2) & 48)) * x3
+            for g in range(4):
+                s = n * 8 + g * 2 + half  # sub-block of values n*128 + g*32 + [half*16, +16)
+                sx = xs[b * 16 + s] * np.float32(32)
+                for j in range(TILE):
+                    dl = _f16(codes, t, b, 208, j, table) * np.float32(
+                        np.int8(codes[t, b, 192 + s, j]))
+                    acc[j] += dl * (part[g, j] - sx)
+
+
+@njit(parallel=True, cache=True)
+def matvec_fused(kind, codes, table, x, xs, out):
+    """out = W x for Q4_K, Q5_K and Q6_K; xs: the sums of x over 32 (Q4_K/Q5_K) or 16 (Q6_K)
+    values."""
+    n_tiles, n_blocks, _, _ = codes.shape
+    for t in prange(n_tiles):
+        acc = np.zeros(TILE, np.float32)
+        lo = np.empty(TILE, np.float32)
+        hi = np.empty(TILE, np.float32)
+        part = np.empty((4, TILE), np.float32)
+        for b in range(n_blocks):
+            if kind == Q6_K:
+                _q6_k_block(codes, t, b, x, xs, acc, part, table)
+            else:
+                _q45_k_block(codes, t, b, x, xs, acc, lo, hi, table, kind == Q5_K)
+        for j in range(TILE):
+            out[t * TILE + j] = acc[j]
+
+
+FUSED = frozenset({Q4_K, Q5_K, Q6_K})
+
+
+def sub_block_sums(kind: int, x: np.ndarray) -> np.ndarray:
+    """What the fused kernels need besides x: its sums over each sub-block."""
+    size = 16 if kind == Q6_K else 32
+    return x.reshape(-1, size).sum(axis=1, dtype=np.float32)
