@@ -34,16 +34,6 @@ def _f16(codes, t, b, k, j, table):
 
 
 @njit(inline="always")
-def _k_scale_min(codes, t, b, s, j):
-    """Q4_K/Q5_K: the 6-bit scale and min of sub-block s (0..7), packed in bytes 4..15."""
-    if s < 4:
-        return codes[t, b, 4 + s, j] & 63, codes[t, b, 8 + s, j] & 63
-    lo = codes[t, b, 12 + s - 4, j]
-    return ((lo & 15) | ((codes[t, b, 4 + s - 4, j] >> 6) << 4),
-            (lo >> 4) | ((codes[t, b, 8 + s - 4, j] >> 6) << 4))
-
-
-@njit(inline="always")
 def _q3_k_scale(codes, t, b, s, j):
     """Q3_K: the signed 6-bit scale of sub-block s (0..15), packed in bytes 96..107."""
     low = (codes[t, b, 96 + s % 8, j] >> (4 * (s // 8))) & 15
@@ -52,90 +42,108 @@ def _q3_k_scale(codes, t, b, s, j):
 
 
 @njit(inline="always")
-def _decode_block(kind, codes, t, b, w, table):
+def _half(codes, t, b, k, table, out):
+    """The float16 field at bytes k, k+1 of block (t, b) for every row of the tile."""
+    for j in range(TILE):
+        out[j] = _f16(codes, t, b, k, j, table)
+
+
+@njit(inline="always")
+def _scales(kind, codes, t, b, table, sc, mn):
+    """The block's sub-block scales and mins as gguf forms them, sc[s, j] and mn[s, j], so
+    that each weight is sc * float32(q) - mn (a min that gguf adds is stored negated: x + m and
+    x - (-m) are the same float32 sum). Rows 16 and 17 of sc hold d and dmin. Loops run over
+    j innermost: they vectorize."""
+    d, dmin = sc[16], sc[17]
+    if kind == Q4_0 or kind == Q5_0:
+        _half(codes, t, b, 0, table, sc[0])
+        mn[0, :] = 0.0
+    elif kind == Q4_1 or kind == Q5_1:
+        _half(codes, t, b, 0, table, sc[0])
+        _half(codes, t, b, 2, table, dmin)
+        for j in range(TILE):
+            mn[0, j] = -dmin[j]
+    elif kind == Q2_K:
+        _half(codes, t, b, 80, table, d)
+        _half(codes, t, b, 82, table, dmin)
+        for s in range(16):
+            for j in range(TILE):
+                sc[s, j] = d[j] * np.float32(codes[t, b, s, j] & 15)
+                mn[s, j] = dmin[j] * np.float32(codes[t, b, s, j] >> 4)
+    elif kind == Q3_K:
+        _half(codes, t, b, 108, table, d)
+        for s in range(16):
+            for j in range(TILE):
+                sc[s, j] = d[j] * np.float32(_q3_k_scale(codes, t, b, s, j))
+                mn[s, j] = 0.0
+    elif kind == Q4_K or kind == Q5_K:
+        _half(codes, t, b, 0, table, d)
+        _half(codes, t, b, 2, table, dmin)
+        for s in range(4):  # the 6-bit scales and mins packed in bytes 4..15 (gguf's layout)
+            for j in range(TILE):
+                a, m, low = codes[t, b, 4 + s, j], codes[t, b, 8 + s, j], codes[t, b, 12 + s, j]
+                sc[s, j] = d[j] * np.float32(a & 63)
+                mn[s, j] = dmin[j] * np.float32(m & 63)
+                sc[s + 4, j] = d[j] * np.float32((low & 15) | ((a >> 6) << 4))
+                mn[s + 4, j] = dmin[j] * np.float32((low >> 4) | ((m >> 6) << 4))
+    elif kind == Q6_K:
+        _half(codes, t, b, 208, table, d)
+        for s in range(16):
+            for j in range(TILE):
+                sc[s, j] = d[j] * np.float32(np.int8(codes[t, b, 192 + s, j]))
+                mn[s, j] = 0.0
+
+
+@njit(inline="always")
+def _decode_block(kind, codes, t, b, w, table, sc, mn):
     """Block b of tile t as float32 w[v, j] (v: the block's values, j: the tile's rows),
-    exactly gguf's dequantization."""
-    tile = codes.shape[3]
+    exactly gguf's dequantization. sc (18, TILE), mn (16, TILE): float32 scratch."""
+    _scales(kind, codes, t, b, table, sc, mn)
     if kind == Q4_0 or kind == Q4_1:
         off = 2 if kind == Q4_0 else 4
-        for j in range(tile):
-            d = _f16(codes, t, b, 0, j, table)
-            m = _f16(codes, t, b, 2, j, table) if kind == Q4_1 else np.float32(0)
-            for l in range(16):
-                byte = codes[t, b, off + l, j]
-                if kind == Q4_0:
-                    w[l, j] = d * np.float32(np.int32(byte & 15) - 8)
-                    w[l + 16, j] = d * np.float32(np.int32(byte >> 4) - 8)
-                else:
-                    w[l, j] = d * np.float32(byte & 15) + m
-                    w[l + 16, j] = d * np.float32(byte >> 4) + m
+        shift = 8 if kind == Q4_0 else 0
+        for l in range(16):
+            for j in range(TILE):
+                byte = np.int32(codes[t, b, off + l, j])
+                w[l, j] = sc[0, j] * np.float32((byte & 15) - shift) - mn[0, j]
+                w[l + 16, j] = sc[0, j] * np.float32((byte >> 4) - shift) - mn[0, j]
     elif kind == Q5_0 or kind == Q5_1:
-        hi_off = 2 if kind == Q5_0 else 4
-        for j in range(tile):
-            d = _f16(codes, t, b, 0, j, table)
-            m = _f16(codes, t, b, 2, j, table) if kind == Q5_1 else np.float32(0)
-            qh = (np.uint32(codes[t, b, hi_off, j]) | (np.uint32(codes[t, b, hi_off + 1, j]) << 8)
-                  | (np.uint32(codes[t, b, hi_off + 2, j]) << 16)
-                  | (np.uint32(codes[t, b, hi_off + 3, j]) << 24))
-            for l in range(16):
-                byte = np.uint32(codes[t, b, hi_off + 4 + l, j])
-                q0 = (byte & 15) | (((qh >> l) & 1) << 4)
-                q1 = (byte >> 4) | (((qh >> (l + 16)) & 1) << 4)
-                if kind == Q5_0:
-                    w[l, j] = d * np.float32(np.int32(q0) - 16)
-                    w[l + 16, j] = d * np.float32(np.int32(q1) - 16)
-                else:
-                    w[l, j] = d * np.float32(q0) + m
-                    w[l + 16, j] = d * np.float32(q1) + m
-    elif kind == Q2_K:
-        for j in range(tile):
-            d = _f16(codes, t, b, 80, j, table)
-            dmin = _f16(codes, t, b, 82, j, table)
-            for s in range(16):
-                sc = codes[t, b, s, j]
-                dl = d * np.float32(sc & 15)
-                ml = dmin * np.float32(sc >> 4)
-                n, k, half = s // 8, (s // 2) % 4, s % 2
-                for l in range(16):
-                    q = (codes[t, b, 16 + n * 32 + half * 16 + l, j] >> (2 * k)) & 3
-                    w[s * 16 + l, j] = dl * np.float32(q) - ml
-    elif kind == Q3_K:
-        for j in range(tile):
-            d = _f16(codes, t, b, 108, j, table)
-            for s in range(16):
-                dl = d * np.float32(_q3_k_scale(codes, t, b, s, j))
-                n, k, half = s // 8, (s // 2) % 4, s % 2
-                for l in range(16):
-                    v = s * 16 + l
-                    low = np.int32((codes[t, b, 32 + n * 32 + half * 16 + l, j] >> (2 * k)) & 3)
-                    hbit = np.int32((codes[t, b, (v % 32), j] >> (v // 32)) & 1)
-                    w[v, j] = dl * np.float32(low - 4 * (hbit ^ 1))
+        hi = 2 if kind == Q5_0 else 4
+        shift = 16 if kind == Q5_0 else 0
+        for l in range(16):
+            for j in range(TILE):
+                byte = np.int32(codes[t, b, hi + 4 + l, j])
+                h0 = np.int32(codes[t, b, hi + l // 8, j]) >> (l % 8)
+                h1 = np.int32(codes[t, b, hi + 2 + l // 8, j]) >> (l % 8)
+                q0 = (byte & 15) | ((h0 & 1) << 4)
+                q1 = (byte >> 4) | ((h1 & 1) << 4)
+                w[l, j] = sc[0, j] * np.float32(q0 - shift) - mn[0, j]
+                w[l + 16, j] = sc[0, j] * np.float32(q1 - shift) - mn[0, j]
+    elif kind == Q2_K or kind == Q3_K:
+        qs = 16 if kind == Q2_K else 32
+        for v in range(256):  # v = n*128 + k*32 + l: bits 2k of byte n*32 + l
+            n, k, l, s = v // 128, (v // 32) % 4, v % 32, v // 16
+            for j in range(TILE):
+                q = (np.int32(codes[t, b, qs + n * 32 + l, j]) >> (2 * k)) & 3
+                if kind == Q3_K:  # the high bit, hmask bit v // 32 of byte v % 32, inverted
+                    q -= 4 * (((np.int32(codes[t, b, l, j]) >> (v // 32)) & 1) ^ 1)
+                w[v, j] = sc[s, j] * np.float32(q) - mn[s, j]
     elif kind == Q4_K or kind == Q5_K:
         qs = 16 if kind == Q4_K else 48
-        for j in range(tile):
-            d = _f16(codes, t, b, 0, j, table)
-            dmin = _f16(codes, t, b, 2, j, table)
-            for s in range(8):
-                sc, mn = _k_scale_min(codes, t, b, s, j)
-                dl = d * np.float32(sc)
-                ml = dmin * np.float32(mn)
-                n, k = s // 2, s % 2
-                for l in range(32):
-                    q = (codes[t, b, qs + n * 32 + l, j] >> (4 * k)) & 15
-                    if kind == Q5_K:
-                        q |= ((codes[t, b, 16 + l, j] >> s) & 1) << 4
-                    w[s * 32 + l, j] = dl * np.float32(q) - ml
+        for v in range(256):  # v = n*64 + k*32 + l: nibble k of byte n*32 + l
+            n, k, l, s = v // 64, (v // 32) % 2, v % 32, v // 32
+            for j in range(TILE):
+                q = (np.int32(codes[t, b, qs + n * 32 + l, j]) >> (4 * k)) & 15
+                if kind == Q5_K:  # the fifth bit: bit s of byte 16 + l
+                    q |= ((np.int32(codes[t, b, 16 + l, j]) >> s) & 1) << 4
+                w[v, j] = sc[s, j] * np.float32(q) - mn[s, j]
     elif kind == Q6_K:
-        for j in range(tile):
-            d = _f16(codes, t, b, 208, j, table)
-            for s in range(16):
-                dl = d * np.float32(np.int8(codes[t, b, 192 + s, j]))
-                for l in range(16):
-                    v = s * 16 + l
-                    n, r = v // 128, v % 128  # r = k * 64 + l' for the low bits, k2 * 32 + l2
-                    low = (codes[t, b, n * 64 + r % 64, j] >> (4 * (r // 64))) & 15
-                    high = (codes[t, b, 128 + n * 32 + r % 32, j] >> (2 * (r // 32))) & 3
-                    w[v, j] = dl * np.float32(np.int32(low | (high << 4)) - 32)
+        for v in range(256):  # v = n*128 + r: low 4 bits in ql, high 2 bits in qh
+            n, r, s = v // 128, v % 128, v // 16
+            for j in range(TILE):
+                low = (np.int32(codes[t, b, n * 64 + r % 64, j]) >> (4 * (r // 64))) & 15
+                high = (np.int32(codes[t, b, 128 + n * 32 + r % 32, j]) >> (2 * (r // 32))) & 3
+                w[v, j] = sc[s, j] * np.float32((low | (high << 4)) - 32)
 
 
 # -------------------------------------------------------------------------- generic paths
@@ -148,8 +156,9 @@ def matvec_decoded(kind, codes, table, x, out):
     for t in prange(n_tiles):
         acc = np.zeros(tile, np.float32)
         w = np.empty((values, tile), np.float32)
+        sc, mn = np.empty((18, tile), np.float32), np.empty((16, tile), np.float32)
         for b in range(n_blocks):
-            _decode_block(kind, codes, t, b, w, table)
+            _decode_block(kind, codes, t, b, w, table, sc, mn)
             for v in range(values):
                 xv = x[b * values + v]
                 for j in range(tile):
@@ -167,8 +176,9 @@ def matmul_decoded(kind, codes, table, x, out):
     for t in prange(n_tiles):
         acc = np.zeros((n, tile), np.float32)
         w = np.empty((values, tile), np.float32)
+        sc, mn = np.empty((18, tile), np.float32), np.empty((16, tile), np.float32)
         for b in range(n_blocks):
-            _decode_block(kind, codes, t, b, w, table)
+            _decode_block(kind, codes, t, b, w, table, sc, mn)
             for r in range(n):
                 for v in range(values):
                     xv = x[r, b * values + v]
@@ -186,8 +196,9 @@ def decode_transposed(kind, codes, table, w_t):
     values = w_t.shape[0] // n_blocks
     for t in prange(n_tiles):
         w = np.empty((values, tile), np.float32)
+        sc, mn = np.empty((18, tile), np.float32), np.empty((16, tile), np.float32)
         for b in range(n_blocks):
-            _decode_block(kind, codes, t, b, w, table)
+            _decode_block(kind, codes, t, b, w, table, sc, mn)
             for v in range(values):
                 for j in range(tile):
                     w_t[b * values + v, t * tile + j] = w[v, j]
@@ -200,10 +211,11 @@ def gather_rows(kind, codes, table, rows, out):
     _, n_blocks, _, tile = codes.shape
     values = out.shape[1] // n_blocks
     w = np.empty((values, tile), np.float32)
+    sc, mn = np.empty((18, tile), np.float32), np.empty((16, tile), np.float32)
     for r in range(rows.shape[0]):
         t, j = rows[r] // tile, rows[r] % tile
         for b in range(n_blocks):
-            _decode_block(kind, codes, t, b, w, table)
+            _decode_block(kind, codes, t, b, w, table, sc, mn)
             for v in range(values):
                 out[r, b * values + v] = w[v, j]
 
@@ -214,9 +226,8 @@ def gather_rows(kind, codes, table, rows, out):
 # loops only unpack bits, convert and multiply-add.
 
 @njit(inline="always")
-def _q45_k_block(codes, t, b, x, xs, acc, lo, hi, table, five):
-    """acc += this Q4_K (five=False) or Q5_K block's share of the product, for one row x."""
-    qs = 48 if five else 16
+def _q4_k_block(codes, t, b, x, xs, acc, lo, hi, sc, mn):
+    """acc += this Q4_K block's share of the product, for one row x."""
     base = b * 256
     for n in range(4):  # 64 values: low nibbles sub-block 2n, high nibbles sub-block 2n+1
         lo[:] = 0.0
@@ -224,31 +235,41 @@ def _q45_k_block(codes, t, b, x, xs, acc, lo, hi, table, five):
         for l in range(32):
             xl, xh = x[base + n * 64 + l], x[base + n * 64 + 32 + l]
             for j in range(TILE):
-                byte = codes[t, b, qs + n * 32 + l, j]
-                ql, qh = byte & 15, byte >> 4
-                if five:
-                    hb = codes[t, b, 16 + l, j] >> (2 * n)
-                    ql |= (hb & 1) << 4
-                    qh |= (hb & 2) << 3
-                lo[j] += np.float32(ql) * xl
-                hi[j] += np.float32(qh) * xh
-        s0 = b * 8 + 2 * n
+                byte = codes[t, b, 16 + n * 32 + l, j]
+                lo[j] += np.float32(byte & 15) * xl
+                hi[j] += np.float32(byte >> 4) * xh
+        s = 2 * n
         for j in range(TILE):
-            d = _f16(codes, t, b, 0, j, table)
-            dmin = _f16(codes, t, b, 2, j, table)
-            sc0, m0 = _k_scale_min(codes, t, b, 2 * n, j)
-            sc1, m1 = _k_scale_min(codes, t, b, 2 * n + 1, j)
-            acc[j] += ((d * np.float32(sc0)) * lo[j] + (d * np.float32(sc1)) * hi[j]
-                       - ((dmin * np.float32(m0)) * xs[s0] + (dmin * np.float32(m1)) * xs[s0 + 1]))
+            acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
+                       - (mn[s, j] * xs[b * 8 + s] + mn[s + 1, j] * xs[b * 8 + s + 1]))
 
 
 @njit(inline="always")
-def _q6_k_block(codes, t, b, x, xs, acc, part, table):
-    """acc += this Q6_K block's share (q - 32 as q times x, less 32 times the sub-block's
-    sum of x)."""
+def _q5_k_block(codes, t, b, x, xs, acc, lo, hi, sc, mn):
+    """acc += this Q5_K block's share (Q4_K's nibbles plus a fifth bit from bytes 16..47)."""
+    base = b * 256
+    for n in range(4):
+        lo[:] = 0.0
+        hi[:] = 0.0
+        for l in range(32):
+            xl, xh = x[base + n * 64 + l], x[base + n * 64 + 32 + l]
+            for j in range(TILE):
+                byte = codes[t, b, 48 + n * 32 + l, j]
+                bits = codes[t, b, 16 + l, j] >> (2 * n)
+                lo[j] += np.float32((byte & 15) | ((bits & 1) << 4)) * xl
+                hi[j] += np.float32((byte >> 4) | ((bits & 2) << 3)) * xh
+        s = 2 * n
+        for j in range(TILE):
+            acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
+                       - (mn[s, j] * xs[b * 8 + s] + mn[s + 1, j] * xs[b * 8 + s + 1]))
+
+
+@njit(inline="always")
+def _q6_k_block(codes, t, b, x, xs, acc, part, sc):
+    """acc += this Q6_K block's share: q - 32 applied as 32 times the sub-block's sum of x."""
     base = b * 256
     for n in range(2):
-        for half in range(2):  # l in [0, 16) and [16, 32): eight sub-blocks of 16
+        for half in range(2):  # l in [0, 16) and [16, 32): four sub-blocks of 16 at a time
             part[:, :] = 0.0
             for l in range(half * 16, half * 16 + 16):
                 v = base + n * 128 + l
@@ -262,12 +283,10 @@ def _q6_k_block(codes, t, b, x, xs, acc, part, table):
                     part[2, j] += np.float32((a >> 4) | (h & 48)) * x2
                     part[3, j] += np.float32((a2 >> 4) | ((h >> 2) & 48)) * x3
             for g in range(4):
-                s = n * 8 + g * 2 + half  # sub-block of values n*128 + g*32 + [half*16, +16)
+                s = n * 8 + g * 2 + half  # values n*128 + g*32 + [half*16, +16)
                 sx = xs[b * 16 + s] * np.float32(32)
                 for j in range(TILE):
-                    dl = _f16(codes, t, b, 208, j, table) * np.float32(
-                        np.int8(codes[t, b, 192 + s, j]))
-                    acc[j] += dl * (part[g, j] - sx)
+                    acc[j] += sc[s, j] * (part[g, j] - sx)
 
 
 @njit(parallel=True, cache=True)
@@ -277,14 +296,17 @@ def matvec_fused(kind, codes, table, x, xs, out):
     n_tiles, n_blocks, _, _ = codes.shape
     for t in prange(n_tiles):
         acc = np.zeros(TILE, np.float32)
-        lo = np.empty(TILE, np.float32)
-        hi = np.empty(TILE, np.float32)
+        lo, hi = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
         part = np.empty((4, TILE), np.float32)
+        sc, mn = np.empty((18, TILE), np.float32), np.empty((16, TILE), np.float32)
         for b in range(n_blocks):
+            _scales(kind, codes, t, b, table, sc, mn)
             if kind == Q6_K:
-                _q6_k_block(codes, t, b, x, xs, acc, part, table)
+                _q6_k_block(codes, t, b, x, xs, acc, part, sc)
+            elif kind == Q5_K:
+                _q5_k_block(codes, t, b, x, xs, acc, lo, hi, sc, mn)
             else:
-                _q45_k_block(codes, t, b, x, xs, acc, lo, hi, table, kind == Q5_K)
+                _q4_k_block(codes, t, b, x, xs, acc, lo, hi, sc, mn)
         for j in range(TILE):
             out[t * TILE + j] = acc[j]
 
