@@ -95,55 +95,62 @@ def _scales(kind, codes, t, b, table, sc, mn):
 
 
 @njit(inline="always")
+def _u(q):
+    """A small non-negative integer as float32. Through uint8, so that LLVM keeps the bit
+    arithmetic in narrow lanes (numba widens integer arithmetic to 64 bits) and vectorizes it."""
+    return np.float32(np.uint8(q))
+
+
+@njit(inline="always")
 def _decode_block(kind, codes, t, b, w, table, sc, mn):
     """Block b of tile t as float32 w[v, j] (v: the block's values, j: the tile's rows),
-    exactly gguf's dequantization. sc (18, TILE), mn (16, TILE): float32 scratch."""
+    exactly gguf's dequantization. sc (18, TILE), mn (16, TILE): float32 scratch. An offset
+    that gguf subtracts from the integer (Q4_0's 8) is subtracted in float32: exact for these
+    small integers."""
     _scales(kind, codes, t, b, table, sc, mn)
     if kind == Q4_0 or kind == Q4_1:
         off = 2 if kind == Q4_0 else 4
-        shift = 8 if kind == Q4_0 else 0
+        shift = np.float32(8 if kind == Q4_0 else 0)
         for l in range(16):
             for j in range(TILE):
-                byte = np.int32(codes[t, b, off + l, j])
-                w[l, j] = sc[0, j] * np.float32((byte & 15) - shift) - mn[0, j]
-                w[l + 16, j] = sc[0, j] * np.float32((byte >> 4) - shift) - mn[0, j]
+                byte = codes[t, b, off + l, j]
+                w[l, j] = sc[0, j] * (_u(byte & 15) - shift) - mn[0, j]
+                w[l + 16, j] = sc[0, j] * (_u(byte >> 4) - shift) - mn[0, j]
     elif kind == Q5_0 or kind == Q5_1:
         hi = 2 if kind == Q5_0 else 4
-        shift = 16 if kind == Q5_0 else 0
+        shift = np.float32(16 if kind == Q5_0 else 0)
         for l in range(16):
             for j in range(TILE):
-                byte = np.int32(codes[t, b, hi + 4 + l, j])
-                h0 = np.int32(codes[t, b, hi + l // 8, j]) >> (l % 8)
-                h1 = np.int32(codes[t, b, hi + 2 + l // 8, j]) >> (l % 8)
-                q0 = (byte & 15) | ((h0 & 1) << 4)
-                q1 = (byte >> 4) | ((h1 & 1) << 4)
-                w[l, j] = sc[0, j] * np.float32(q0 - shift) - mn[0, j]
-                w[l + 16, j] = sc[0, j] * np.float32(q1 - shift) - mn[0, j]
+                byte = codes[t, b, hi + 4 + l, j]
+                h0 = codes[t, b, hi + l // 8, j] >> (l % 8)
+                h1 = codes[t, b, hi + 2 + l // 8, j] >> (l % 8)
+                w[l, j] = sc[0, j] * (_u((byte & 15) | ((h0 & 1) << 4)) - shift) - mn[0, j]
+                w[l + 16, j] = sc[0, j] * (_u((byte >> 4) | ((h1 & 1) << 4)) - shift) - mn[0, j]
     elif kind == Q2_K or kind == Q3_K:
         qs = 16 if kind == Q2_K else 32
         for v in range(256):  # v = n*128 + k*32 + l: bits 2k of byte n*32 + l
             n, k, l, s = v // 128, (v // 32) % 4, v % 32, v // 16
             for j in range(TILE):
-                q = (np.int32(codes[t, b, qs + n * 32 + l, j]) >> (2 * k)) & 3
-                if kind == Q3_K:  # the high bit, hmask bit v // 32 of byte v % 32, inverted
-                    q -= 4 * (((np.int32(codes[t, b, l, j]) >> (v // 32)) & 1) ^ 1)
-                w[v, j] = sc[s, j] * np.float32(q) - mn[s, j]
+                q = _u((codes[t, b, qs + n * 32 + l, j] >> (2 * k)) & 3)
+                if kind == Q3_K:  # less 4 where hmask bit v // 32 of byte v % 32 is clear
+                    q -= np.float32(4) * _u(((codes[t, b, l, j] >> (v // 32)) & 1) ^ 1)
+                w[v, j] = sc[s, j] * q - mn[s, j]
     elif kind == Q4_K or kind == Q5_K:
         qs = 16 if kind == Q4_K else 48
         for v in range(256):  # v = n*64 + k*32 + l: nibble k of byte n*32 + l
             n, k, l, s = v // 64, (v // 32) % 2, v % 32, v // 32
+            five = 1 if kind == Q5_K else 0  # the fifth bit: bit s of byte 16 + l
             for j in range(TILE):
-                q = (np.int32(codes[t, b, qs + n * 32 + l, j]) >> (4 * k)) & 15
-                if kind == Q5_K:  # the fifth bit: bit s of byte 16 + l
-                    q |= ((np.int32(codes[t, b, 16 + l, j]) >> s) & 1) << 4
-                w[v, j] = sc[s, j] * np.float32(q) - mn[s, j]
+                q = ((codes[t, b, qs + n * 32 + l, j] >> (4 * k)) & 15) | (
+                    ((codes[t, b, 16 + l, j] >> s) & five) << 4)
+                w[v, j] = sc[s, j] * _u(q) - mn[s, j]
     elif kind == Q6_K:
         for v in range(256):  # v = n*128 + r: low 4 bits in ql, high 2 bits in qh
             n, r, s = v // 128, v % 128, v // 16
             for j in range(TILE):
-                low = (np.int32(codes[t, b, n * 64 + r % 64, j]) >> (4 * (r // 64))) & 15
-                high = (np.int32(codes[t, b, 128 + n * 32 + r % 32, j]) >> (2 * (r // 32))) & 3
-                w[v, j] = sc[s, j] * np.float32((low | (high << 4)) - 32)
+                low = (codes[t, b, n * 64 + r % 64, j] >> (4 * (r // 64))) & 15
+                high = (codes[t, b, 128 + n * 32 + r % 32, j] >> (2 * (r // 32))) & 3
+                w[v, j] = sc[s, j] * (_u(low | (high << 4)) - np.float32(32))
 
 
 # -------------------------------------------------------------------------- generic paths
@@ -236,8 +243,8 @@ def _q4_k_block(codes, t, b, x, xs, acc, lo, hi, sc, mn):
             xl, xh = x[base + n * 64 + l], x[base + n * 64 + 32 + l]
             for j in range(TILE):
                 byte = codes[t, b, 16 + n * 32 + l, j]
-                lo[j] += np.float32(byte & 15) * xl
-                hi[j] += np.float32(byte >> 4) * xh
+                lo[j] += _u(byte & 15) * xl
+                hi[j] += _u(byte >> 4) * xh
         s = 2 * n
         for j in range(TILE):
             acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
@@ -256,8 +263,8 @@ def _q5_k_block(codes, t, b, x, xs, acc, lo, hi, sc, mn):
             for j in range(TILE):
                 byte = codes[t, b, 48 + n * 32 + l, j]
                 bits = codes[t, b, 16 + l, j] >> (2 * n)
-                lo[j] += np.float32((byte & 15) | ((bits & 1) << 4)) * xl
-                hi[j] += np.float32((byte >> 4) | ((bits & 2) << 3)) * xh
+                lo[j] += _u((byte & 15) | ((bits & 1) << 4)) * xl
+                hi[j] += _u((byte >> 4) | ((bits & 2) << 3)) * xh
         s = 2 * n
         for j in range(TILE):
             acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
@@ -278,10 +285,10 @@ def _q6_k_block(codes, t, b, x, xs, acc, part, sc):
                     a = codes[t, b, n * 64 + l, j]
                     a2 = codes[t, b, n * 64 + 32 + l, j]
                     h = codes[t, b, 128 + n * 32 + l, j]
-                    part[0, j] += np.float32((a & 15) | ((h & 3) << 4)) * x0
-                    part[1, j] += np.float32((a2 & 15) | ((h & 12) << 2)) * x1
-                    part[2, j] += np.float32((a >> 4) | (h & 48)) * x2
-                    part[3, j] += np.float32((a2 >> 4) | ((h >> 2) & 48)) * x3
+                    part[0, j] += _u((a & 15) | ((h & 3) << 4)) * x0
+                    part[1, j] += _u((a2 & 15) | ((h & 12) << 2)) * x1
+                    part[2, j] += _u((a >> 4) | (h & 48)) * x2
+                    part[3, j] += _u((a2 >> 4) | ((h >> 2) & 48)) * x3
             for g in range(4):
                 s = n * 8 + g * 2 + half  # values n*128 + g*32 + [half*16, +16)
                 sx = xs[b * 16 + s] * np.float32(32)
