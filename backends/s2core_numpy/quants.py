@@ -25,10 +25,6 @@ from .tiled import TILE, TiledMatrix, n_tiles
 TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K, QT.Q3_K,
                                   QT.Q4_K, QT.Q5_K, QT.Q6_K})
 
-#: every float16 bit pattern as float32 (256 KB): the kernels' conversion table
-F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(
-    np.float32)
-
 
 @njit(parallel=True, cache=True)
 def _pack(blocks, codes):
@@ -68,16 +64,15 @@ class QuantMatrix(TiledMatrix):
 
     def _matvec(self, x: np.ndarray, out: np.ndarray) -> None:
         if self.kind in k.FUSED:
-            k.matvec_fused(self.kind, self.codes, F16_TO_F32, x, k.sub_block_sums(self.kind, x),
-                           out)
+            k.matvec_fused(self.kind, self.codes, x, k.sub_block_sums(self.kind, x), out)
         else:
-            k.matvec_decoded(self.kind, self.codes, F16_TO_F32, x, out)
+            k.matvec_decoded(self.kind, self.codes, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        k.matmul_decoded(self.kind, self.codes, F16_TO_F32, x, out)
+        k.matmul_decoded(self.kind, self.codes, x, out)
 
     def _decode_transposed(self, w_t: np.ndarray) -> None:
-        k.decode_transposed(self.kind, self.codes, F16_TO_F32, w_t)
+        k.decode_transposed(self.kind, self.codes, w_t)
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
-        k.gather_rows(self.kind, self.codes, F16_TO_F32, ids, out)
+        k.gather_rows(self.kind, self.codes, ids, out)
