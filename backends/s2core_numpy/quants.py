@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from numba import njit, prange
 
 from s2core.gguf_blocks import block_shape, non_finite_scale_blocks
 
@@ -26,18 +25,17 @@ TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K, Q
                                   QT.Q4_K, QT.Q5_K, QT.Q6_K})
 
 
-@njit(parallel=True, cache=True)
-def _pack(blocks, codes):
-    """blocks (O, n_blocks, block bytes) -> codes (n_tiles, n_blocks, block bytes, TILE);
-    rows past O (the last tile's padding) stay zero."""
-    n_rows, n_blocks, nbytes = blocks.shape
-    n_tiles, _, _, tile = codes.shape
-    for t in prange(n_tiles):
-        for j in range(min(tile, n_rows - t * tile)):
-            row = t * tile + j
-            for b in range(n_blocks):
-                for i in range(nbytes):
-                    codes[t, b, i, j] = blocks[row, b, i]
+def _pack(blocks: np.ndarray, codes: np.ndarray) -> None:
+    """blocks (O, n_blocks, block bytes) -> codes (n_tiles, n_blocks, block bytes, TILE); rows
+    past O (the last tile's padding) are zero. numpy's strided copy (3.3 GB/s here) is twice
+    as fast as a numba loop doing the same."""
+    n_rows = blocks.shape[0]
+    full = n_rows // TILE
+    np.copyto(codes[:full], blocks[:full * TILE].reshape(full, TILE, *blocks.shape[1:])
+              .transpose(0, 2, 3, 1))
+    if full < codes.shape[0]:
+        codes[full] = 0
+        codes[full, :, :, :n_rows - full * TILE] = blocks[full * TILE:].transpose(1, 2, 0)
 
 
 class QuantMatrix(TiledMatrix):
@@ -58,7 +56,7 @@ class QuantMatrix(TiledMatrix):
         values, nbytes = block_shape(qtype)
         n_out = raw.shape[0]
         blocks = raw.reshape(n_out, -1, nbytes)
-        codes = np.zeros((n_tiles(n_out), blocks.shape[1], nbytes, TILE), np.uint8)
+        codes = np.empty((n_tiles(n_out), blocks.shape[1], nbytes, TILE), np.uint8)
         _pack(blocks, codes)
         return cls(codes, qtype, n_out, blocks.shape[1] * values)
 
