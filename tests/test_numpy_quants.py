@@ -154,3 +154,17 @@ def test_probe_declares_all_nine_types_with_numba(monkeypatch):
     assert {t.name.lower() for t in TYPES} | {"f16", "q8_0", "f32"} == native
     monkeypatch.setattr(plugin, "numba_available", lambda: False)
     assert plugin.probe().capabilities.native_weight_types == {"f32"}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
+def test_a_q8_0_tensor_with_a_nan_scale_is_widened_and_said(tmp_path):
+    path = write_model(tmp_path / "nan.gguf", CONFIGS["gqa4"], "q8_0", seed=7).path
+    r = gguf.GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name == "layers.1.feed_forward.w1.weight")
+    set_scale(t.data, QT.Q8_0, 0, np.nan)
+    del r
+    with pytest.warns(NonFiniteScalesWarning, match="layers.1.feed_forward.w1.weight"):
+        m = s2core.load(path, backend="numpy")
+    assert m.backend.widened_non_finite == ("layers.1.feed_forward.w1.weight",)
+    assert np.isnan(m.backend.layers[1].w1[0, :32]).all()
+    m.close()

@@ -13,10 +13,10 @@ from typing import Any, Union
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import NonFiniteScalesWarning
+from s2core.gguf_blocks import NonFiniteScalesWarning, non_finite_scale_blocks
 from s2core.gguf_file import ModelFile
 
-from .plugin import numba_available
+from .plugin import NUMBA_BLOCK_TYPES, numba_available
 
 #: turn the numba kernels off for the whole process (tests of the fallback path; the
 #: `numba_kernels=False` backend option does it for one backend)
@@ -52,11 +52,12 @@ class WeightLoader:
         qtype = self.mf.info(name).type
         if qtype == QT.Q8_0:
             from .q8_0 import Q8Matrix
-            return Q8Matrix.from_raw(self.mf.raw(name))
+            raw = self.mf.raw(name)  # a non-finite scale: widened, as for the other block types
+            return self._said(name, qtype, None if non_finite_scale_blocks(raw, qtype)
+                              else Q8Matrix.from_raw(raw))
         if qtype == QT.F16:
             from .f16 import F16Matrix
             return self._said(name, qtype, F16Matrix.from_raw(self.mf.raw(name)))
-        from .plugin import NUMBA_BLOCK_TYPES
         if qtype.name.lower() in NUMBA_BLOCK_TYPES:
             from .quants import QuantMatrix
             return self._said(name, qtype, QuantMatrix.from_raw(self.mf.raw(name), qtype))
