@@ -45,7 +45,8 @@ def numpy_codec_capabilities() -> CodecCapabilities:
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None
                        ) -> Capabilities:
     """numba_kernels: F16, Q8_0 and block-quantized matrices kept in their file type; None =
-    when numba is there. An F16 cache is held in float32 (f16-rounded values) so attention reads it in place."""
+    when numba is there. An F16 cache is held in float32 (f16-rounded values) so attention
+    reads it in place."""
     if numba_kernels is None:
         numba_kernels = numba_available()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
