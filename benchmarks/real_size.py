@@ -37,7 +37,8 @@ import numpy as np  # noqa: E402
 import s2core  # noqa: E402
 from s2core.benchmarking import machine, resident  # noqa: E402
 from s2core.benchmarking.bandwidth import measure_bandwidth  # noqa: E402
-from s2core.benchmarking.models import RANDOM_BLOCK_TYPES, WriteProgress, warm_page_cache  # noqa: E402
+from s2core.benchmarking.models import (RANDOM_BLOCK_TYPES, WriteProgress,  # noqa: E402
+                                        warm_page_cache)
 from s2core.benchmarking.workload import account, floor_ms  # noqa: E402
 from s2core.embedded.cache import cached_model  # noqa: E402
 from s2core.embedded.writer import s2pro_hparams  # noqa: E402
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         "random_blocks": args.type in RANDOM_BLOCK_TYPES, "path": str(path),
         "file_bytes": acc.file_bytes, "backend": backend,
         "native_weight_types": sorted(model.capabilities.native_weight_types),
-        "load_s": load_s, "resident_growth": grown, "resident_over_file": grown["rss"] / acc.file_bytes,
+        "load_s": load_s, "resident_growth": grown,
+        "resident_over_file": grown["rss"] / acc.file_bytes,
         "rss_end_over_file": (end["rss"] - base["rss"]) / acc.file_bytes,
         "bandwidth_before": bw_before.as_dict(), "bandwidth_after": bw_after.as_dict(),
         "read_gbps_used": read_gbps, "step_read_bytes": acc.step_read_bytes,

@@ -52,7 +52,6 @@ def packed(request):
     tile), every byte value at every packed position."""
     from s2core_numpy.quants import QuantMatrix
     qtype = request.param
-    values, _ = block_shape(qtype)
     raw = every_byte_blocks(qtype, 128, 4, seed=3)[:100]
     m = QuantMatrix.from_raw(raw, qtype)
     return qtype, raw, gguf_weights(raw, qtype), m

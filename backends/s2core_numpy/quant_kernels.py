@@ -1,9 +1,11 @@
 """numba kernels for GGUF's block-quantized types, computed from the blocks as stored.
 
-The data: the file's blocks, transposed into tiles (quants.py): c[r0 + k, j] is byte k of
-block b of output row t*TILE + j. So a kernel reads, for one block and one byte offset, TILE
-consecutive bytes (one per output row) and its innermost loops run over the TILE outputs of a
-tile, as the Q8_0 and F16 kernels' do (tiled.py): pure vector work, no horizontal sums.
+The data: the file's blocks, transposed into tiles (quants.py): codes[t, b, k, j] is byte k
+of block b of output row t*TILE + j; the kernels see it as rows of TILE bytes,
+c[r0 + k, j] with r0 = (t * n_blocks + b) * block bytes. So a kernel reads, for one block and
+one byte offset, TILE consecutive bytes (one per output row) and its innermost loops run over
+the TILE outputs of a tile, as the Q8_0 and F16 kernels' do (tiled.py): pure vector work, no
+horizontal sums.
 
 Decoding follows gguf.quants' dequantize_blocks step by step in float32: a sub-block's scale is
 formed as gguf forms it (e.g. Q4_K's d * sc and dmin * m) and the weight as scale * q - min,
