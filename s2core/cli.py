@@ -12,7 +12,7 @@ import s2core
 from .codec import commands as codec_commands
 from .errors import S2CoreError
 from .gguf_file import ModelFile
-from .memory import (backend_kv_cache_bytes, copied_weight_bytes, kv_cache_bytes,
+from .memory import (backend_kv_cache_bytes, copied_weight_bytes, holdings, kv_cache_bytes,
                      resident_weight_bytes)
 
 
@@ -100,6 +100,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         state = "" if r.available else " [unavailable here]"
         print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
               f"{_gb(backend_kv_cache_bytes(hp, args.ctx, r.capabilities))}{state}")
+        for h in holdings(mf, r.capabilities):
+            how = ("kept as stored" if h.kept
+                   else f"widened to {r.capabilities.widened_weight_dtype}")
+            print(f"    {h.type_name:<6} {h.n_tensors:>4} tensors {how:<18} holds "
+                  f"{_gb(h.held_bytes):>12} ({h.held_bytes / h.file_bytes:.2f}x the file's "
+                  f"{_gb(h.file_bytes)})")
     return 0
 
 
