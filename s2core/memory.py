@@ -7,8 +7,10 @@ file can need 20 GB on a backend that computes from float32 copies. These estima
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .backend import Capabilities
-from .gguf_file import ModelFile
+from .gguf_file import ModelFile, TensorInfo
 from .hparams import Hparams
 
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
@@ -24,15 +26,37 @@ def backend_kv_cache_bytes(hp: Hparams, n_positions: int, caps: Capabilities) ->
     return kv_cache_bytes(hp, n_positions, caps.kv_cache_held_dtype)
 
 
+@dataclass(frozen=True)
+class TypeHolding:
+    """How a backend holds the tensors of one GGUF type."""
+
+    type_name: str
+    kept: bool          # as stored (else widened to the backend's widened_weight_dtype)
+    n_tensors: int
+    file_bytes: int
+    held_bytes: int     # after load
+
+
+def held_bytes(t: TensorInfo, caps: Capabilities) -> int:
+    """One tensor's bytes after load: file bytes for native types, widened bytes for others."""
+    if caps.keeps_native(t.type_name):
+        return int(t.n_bytes * caps.held_bytes_per_file_byte(t.type_name))
+    return t.n_elements * DTYPE_BYTES[caps.widened_weight_dtype]
+
+
+def holdings(model_file: ModelFile, caps: Capabilities) -> list[TypeHolding]:
+    """Per tensor type of the file, sorted by name: kept or widened, and the bytes held."""
+    by_type: dict[str, list[TensorInfo]] = {}
+    for t in model_file.model_tensors():
+        by_type.setdefault(t.type_name, []).append(t)
+    return [TypeHolding(name, caps.keeps_native(name), len(ts), sum(t.n_bytes for t in ts),
+                        sum(held_bytes(t, caps) for t in ts))
+            for name, ts in sorted(by_type.items())]
+
+
 def resident_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
     """Weight bytes held after load: file bytes for native types, widened bytes for others."""
-    total = 0
-    for t in model_file.model_tensors():
-        if caps.keeps_native(t.type_name):
-            total += int(t.n_bytes * caps.held_bytes_per_file_byte(t.type_name))
-        else:
-            total += t.n_elements * DTYPE_BYTES[caps.widened_weight_dtype]
-    return total
+    return sum(held_bytes(t, caps) for t in model_file.model_tensors())
 
 
 def copied_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:

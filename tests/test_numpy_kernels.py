@@ -1,4 +1,5 @@
-"""The NumPy backend's numba kernels (F16 and Q8_0 computed as stored), its fallback without
+"""The NumPy backend's numba kernels (F16 and Q8_0 computed as stored; the block-quantized
+types are in test_numpy_quants.py), its fallback without
 them, its float32-held F16 KV cache, its incremental Fast-AR and its memory after load."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from gguf import GGMLQuantizationType as QT
 
 import s2core
 from s2core.errors import InvalidInputError
+from s2core.gguf_blocks import NonFiniteScalesWarning
 from s2core.hparams import FastHparams
 from s2core.kit import BackendConformance
 from s2core.kit.models import kit_model
@@ -141,8 +143,10 @@ def test_f16_tensor_with_an_infinity_is_widened_and_still_computed(tmp_path):
     t = next(t for t in r.tensors if t.name == "layers.0.attention.wo.weight")
     t.data.reshape(-1)[7] = np.inf
     del r
-    m = s2core.load(path, backend="numpy")
+    with pytest.warns(NonFiniteScalesWarning, match="layers.0.attention.wo.weight"):
+        m = s2core.load(path, backend="numpy")
     b = m.backend
+    assert b.widened_non_finite == ("layers.0.attention.wo.weight",)
     assert isinstance(b.layers[0].wo, np.ndarray) and np.isinf(b.layers[0].wo).sum() == 1
     from s2core_numpy.tiled import TiledMatrix
     assert isinstance(b.layers[0].wqkv, TiledMatrix)
@@ -180,11 +184,11 @@ def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
             assert rel_err(a, b) < 1e-5
 
 
-def test_probe_declares_f16_and_q8_0_only_with_numba_and_never_imports_it(monkeypatch):
+def test_probe_declares_kept_types_only_with_numba_and_never_imports_it(monkeypatch):
     monkeypatch.setattr(plugin, "numba_available", lambda: False)
     assert plugin.probe().capabilities.native_weight_types == {"f32"}
     monkeypatch.setattr(plugin, "numba_available", lambda: True)
-    assert plugin.probe().capabilities.native_weight_types == {"f32", "f16", "q8_0"}
+    assert plugin.probe().capabilities.native_weight_types >= {"f32", "f16", "q8_0", "q4_k"}
     code = ("import sys, s2core; s2core.get_registry().list(); "
             "print('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -274,11 +278,12 @@ def mid_models(tmp_path_factory):
                                   n_head_kv=2, head_dim=128, attention_qk_norm=False,
                                   project_in=False))
     d = tmp_path_factory.mktemp("mid")
-    return {t: write_model(d / f"mid-{t}.gguf", hp, t) for t in ("f16", "q8_0")}
+    return {t: write_model(d / f"mid-{t}.gguf", hp, t, random_blocks=True)
+            for t in ("f16", "q8_0", "q4_k_m")}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssAnon/RssFile are Linux's")
-@pytest.mark.parametrize("weight_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("weight_type", ["f16", "q8_0", "q4_k_m"])
 def test_load_holds_about_the_expected_bytes(mid_models, weight_type):
     """Widened (or repacked) tensors' file pages are released: resident memory after load is
     about what the backend holds, not that plus the file."""
@@ -292,13 +297,14 @@ def test_load_holds_about_the_expected_bytes(mid_models, weight_type):
             continue  # gathered from / used in the map
         if native and t.type == QT.Q8_0:
             held += t.n_bytes * 36 // 34
-        elif native and t.type == QT.F16:
-            held += t.n_bytes
+        elif native and t.type_name in plugin.NUMBA_TYPES:
+            held += t.n_bytes  # F16 and the block types: the file's bytes
         else:
             held += 4 * t.n_elements
     mf.close()
     if native:
-        s2core.load(kit_model("gqa4", weight_type), backend="numpy").close()  # numba warmed up
+        warm = ("mha-k", weight_type) if weight_type.startswith("q4_k") else ("gqa4", weight_type)
+        s2core.load(kit_model(*warm), backend="numpy").close()  # numba warmed up
     anon0, file0 = _rss()
     rss0 = psutil.Process().memory_info().rss
     m = s2core.load(written.path, backend="numpy")

@@ -47,7 +47,8 @@ def test_builtin_numpy_and_installed_example_are_listed():
     rows = {r.name: r for r in s2core.list_backends()}
     assert rows["numpy"].available and rows["numpy"].source == "builtin s2core_numpy.plugin"
     import importlib.util
-    expected = {"f32", "f16", "q8_0"} if importlib.util.find_spec("numba") else {"f32"}
+    expected = ({"f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k",
+                 "q5_k", "q6_k"} if importlib.util.find_spec("numba") else {"f32"})
     assert rows["numpy"].capabilities.native_weight_types == frozenset(expected)
     if "example" not in rows:
         pytest.skip("s2core-example not installed")

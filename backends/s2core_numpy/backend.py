@@ -1,10 +1,12 @@
 """The NumPy CPU backend: float32 compute on BLAS, F16 KV cache values by default (as s2.cpp).
 
 Weights (weights.py): F32 tensors are used straight from the memory map. With numba installed,
-F16 and Q8_0 matrices stay in their file type and numba kernels multiply straight from them
-(tiled.py, f16.py, q8_0.py): a decode step then streams 2 or 1.125 bytes a weight instead of
-4. Every other type (and F16/Q8_0 without numba) is widened to float32 on load, one tensor at
-a time, and the widened tensor's file pages are released. The codebook table stays in its file type: a call decodes only the rows it gathers.
+F16, Q8_0 and the block-quantized types (Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1) stay in their file
+type and numba kernels multiply straight from them (tiled.py, f16.py, q8_0.py, quants.py): a
+decode step then streams the file's bytes instead of 4 a weight. Without numba (and for a
+tensor holding an infinite or NaN value or scale) they are widened to float32 on load, one
+tensor at a time, and the widened tensor's file pages are released. The codebook table stays in
+its file type: a call decodes only the rows it gathers.
 
 KV cache: held in float32. With kv_cache_dtype="f16" it holds f16-rounded values, the numbers
 s2.cpp's F16 cache holds, so attention reads the history in place instead of converting it
@@ -35,7 +37,8 @@ from .weights import Weight, WeightLoader, gather, linear, numba_kernels_possibl
 
 @dataclass
 class BlockWeights:
-    """One transformer block's tensors, PyTorch order [out, in]; matrices float32 or Q8_0."""
+    """One transformer block's tensors, PyTorch order [out, in]; matrices float32 or kept
+    as stored (tiled.TiledMatrix)."""
 
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
@@ -97,9 +100,9 @@ class NumpyBackend(Backend):
 
     def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
                  numba_kernels: bool | None = None):
-        """numba_kernels: keep F16 and Q8_0 matrices in their file type and compute from them
-        with numba; None = when numba is installed, False = widen them to float32 like every
-        other type."""
+        """numba_kernels: keep F16, Q8_0 and block-quantized matrices in their file type and
+        compute from them with numba; None = when numba is installed, False = widen them to
+        float32."""
         super().__init__(model_file)
         check_option("kv_cache_dtype", kv_cache_dtype, CACHE_DTYPES)
         check_option("numba_kernels", numba_kernels, (None, True, False))
@@ -118,6 +121,8 @@ class NumpyBackend(Backend):
                        for i in range(hp.n_layer)]
         self.shape = hp.stack
         self.fast = None if hp.fast is None else FastDecoder(wl)
+        #: tensors of a kept type widened because they hold an infinite or NaN value or scale
+        self.widened_non_finite = tuple(wl.widened_non_finite)
         self._k: np.ndarray | None = None  # [n_layer, n_head_kv, max_seq_len, head_dim]
         self._v: np.ndarray | None = None
         self._slots = None  # slots.SlotCache while several sequences are served

@@ -26,8 +26,12 @@ def numba_available() -> bool:
 #: (bench --case batch); more sequences are served in turns by the core's scheduler
 MAX_BATCH_SEQUENCES = 16
 
-#: the types the numba kernels compute from as stored (f16.py, q8_0.py)
-NUMBA_TYPES = frozenset({"f16", "q8_0"})
+#: the block-quantized types the numba kernels compute from as stored (quants.py): the file's
+#: blocks byte for byte, rearranged into tiles
+NUMBA_BLOCK_TYPES = frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0",
+                               "q5_1"})
+#: the types the numba kernels compute from as stored (f16.py, q8_0.py, quants.py)
+NUMBA_TYPES = frozenset({"f16", "q8_0"}) | NUMBA_BLOCK_TYPES
 
 
 #: codec rank (s2core.codec.selection): above torch's CPU codec, whose measured share of the
@@ -44,8 +48,9 @@ def numpy_codec_capabilities() -> CodecCapabilities:
 
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None
                        ) -> Capabilities:
-    """numba_kernels: F16 and Q8_0 matrices kept in their file type; None = when numba is
-    there. An F16 cache is held in float32 (f16-rounded values) so attention reads it in place."""
+    """numba_kernels: F16, Q8_0 and block-quantized matrices kept in their file type; None =
+    when numba is there. An F16 cache is held in float32 (f16-rounded values) so attention
+    reads it in place."""
     if numba_kernels is None:
         numba_kernels = numba_available()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
@@ -63,9 +68,10 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
 
 def probe() -> Probe:
     reason = "NumPy runs on every CPU" + (
-        "; numba computes from F16 and Q8_0 weights as stored" if numba_available()
-        else "; numba not installed (pip install s2core[fast]): F16 and Q8_0 are widened to "
-             "float32")
+        "; numba computes from F16, Q8_0 and K-quant/legacy-quant weights as stored"
+        if numba_available()
+        else "; numba not installed (pip install s2core[fast]): F16 and quantized weights are "
+             "widened to float32")
     return Probe(available=True, reason=reason, capabilities=numpy_capabilities())
 
 
@@ -74,8 +80,8 @@ OPTIONS = (
     Option("kv_cache_dtype", choices=CACHE_DTYPES, default="f16",
            doc="type of the cached K/V values (f16 as s2.cpp; held as f16-rounded float32)"),
     Option("numba_kernels", choices=(None, True, False), default=None,
-           doc="keep F16 and Q8_0 matrices as stored and compute from them with numba "
-               "(None: when numba is installed; False: widen them to float32)"),
+           doc="keep F16, Q8_0 and block-quantized matrices as stored and compute from them "
+               "with numba (None: when numba is installed; False: widen them to float32)"),
 )
 
 
@@ -84,5 +90,5 @@ def s2core_backends() -> list[BackendSpec]:
     return [BackendSpec(name="numpy", backend_class="s2core_numpy.backend:NumpyBackend",
                         probe=probe, priority=PRIORITY, options=OPTIONS,
                         codec_class="s2core_numpy.codec:NumpyCodec",
-                        description="float32 NumPy/BLAS on the CPU; keeps F16 and Q8_0 with "
-                                    "numba, widens other types to float32")]
+                        description="float32 NumPy/BLAS on the CPU; keeps F16, Q8_0 and the "
+                                    "K-/legacy quants with numba, widens other types to float32")]

@@ -69,9 +69,10 @@ class TiledMatrix:
     """A [out, in] matrix in the tiled layout; `m(x)` is x @ W^T for x (n, in) float32.
     Subclasses hold the type's data and supply its four kernels."""
 
-    def __init__(self, codes: np.ndarray, n_out: int):
-        self.codes = codes      # (n_tiles, in, TILE), the type's storage
+    def __init__(self, codes: np.ndarray, n_out: int, n_in: int | None = None):
+        self.codes = codes      # (n_tiles, ...): the type's storage, tiles outermost
         self.n_out = n_out      # real rows; the last tile may be padded
+        self.n_in = codes.shape[1] if n_in is None else n_in  # (n_tiles, in, TILE) by default
 
     # the type's kernels -------------------------------------------------------------
     def _matvec(self, x: np.ndarray, out: np.ndarray) -> None:
@@ -89,7 +90,7 @@ class TiledMatrix:
     # shared -------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int]:
-        return self.n_out, self.codes.shape[1]
+        return self.n_out, self.n_in
 
     @property
     def nbytes(self) -> int:
@@ -110,7 +111,7 @@ class TiledMatrix:
             # cache would save the float32 round trip through memory (~6 ms of ~70 for
             # 9728 x 2560 x 256 rows), but every switch between numba's threads and BLAS's
             # costs more.
-            w_t = _scratch(self.codes.shape[1], padded)
+            w_t = _scratch(self.n_in, padded)
             self._decode_transposed(w_t)
             np.matmul(x, w_t, out=out)
         return out if padded == self.n_out else out[:, :self.n_out]
@@ -118,7 +119,7 @@ class TiledMatrix:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` as float32 (n, in): a lookup table decodes only what it gathers."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        out = np.empty((ids.shape[0], self.codes.shape[1]), np.float32)
+        out = np.empty((ids.shape[0], self.n_in), np.float32)
         self._gather(ids, out)
         return out
 

@@ -1,19 +1,22 @@
 """How the NumPy backend holds a matrix: float32 (zero-copy for F32 files), or, with numba,
-F16 and Q8_0 in their file type (tiled.py, f16.py, q8_0.py).
+in its file type: F16, Q8_0 and the block-quantized types Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1
+(tiled.py, f16.py, q8_0.py, quants.py).
 
 `linear` and `gather` are the only places that care which; everything else sees float32.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Union
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from s2core.gguf_blocks import NonFiniteScalesWarning, non_finite_scale_blocks
 from s2core.gguf_file import ModelFile
 
-from .plugin import numba_available
+from .plugin import NUMBA_BLOCK_TYPES, numba_available
 
 #: turn the numba kernels off for the whole process (tests of the fallback path; the
 #: `numba_kernels=False` backend option does it for one backend)
@@ -32,6 +35,8 @@ class WeightLoader:
     def __init__(self, mf: ModelFile, numba_kernels: bool):
         self.mf = mf
         self.numba_kernels = numba_kernels
+        #: tensors of a kept type widened anyway (an infinite or NaN value or scale)
+        self.widened_non_finite: list[str] = []
 
     def matrix(self, name: str) -> Weight:
         """A matrix used in products (and maybe row lookups)."""
@@ -47,11 +52,25 @@ class WeightLoader:
         qtype = self.mf.info(name).type
         if qtype == QT.Q8_0:
             from .q8_0 import Q8Matrix
-            return Q8Matrix.from_raw(self.mf.raw(name))
+            raw = self.mf.raw(name)  # a non-finite scale: widened, as for the other block types
+            return self._said(name, qtype, None if non_finite_scale_blocks(raw, qtype)
+                              else Q8Matrix.from_raw(raw))
         if qtype == QT.F16:
             from .f16 import F16Matrix
-            return F16Matrix.from_raw(self.mf.raw(name))  # None with inf/NaN: widened
+            return self._said(name, qtype, F16Matrix.from_raw(self.mf.raw(name)))
+        if qtype.name.lower() in NUMBA_BLOCK_TYPES:
+            from .quants import QuantMatrix
+            return self._said(name, qtype, QuantMatrix.from_raw(self.mf.raw(name), qtype))
         return None
+
+    def _said(self, name: str, qtype: QT, packed: Weight | None) -> Weight | None:
+        """None (an infinite or NaN value or scale: widened as gguf decodes it) is said."""
+        if packed is None:
+            self.widened_non_finite.append(name)
+            warnings.warn(f"{name} ({qtype.name}): infinite or NaN values or scales; widened to "
+                          "float32 as gguf decodes it instead of kept as stored",
+                          NonFiniteScalesWarning, stacklevel=4)
+        return packed
 
     def vector(self, name: str) -> np.ndarray:
         """float32. F32 tensors stay in the memory map; the file pages of widened copies are

@@ -10,13 +10,17 @@ from typing import Any
 from ..hparams import Hparams
 from ..embedded.writer import s2pro_hparams, tiny_hparams
 
-DEFAULT_TYPES = ("f32", "f16", "q8_0")
+#: f32/f16/q8_0, and the K-quant files people download most (q4_k_m mixes Q4_K and Q6_K)
+DEFAULT_TYPES = ("f32", "f16", "q8_0", "q4_k_m", "q6_k")
+#: --quick's types: its test-sized rows are not whole K-quant blocks (they would fall back to
+#: Q8_0/F16 as llama.cpp's quantizer does), so the K-quant files add nothing there
+QUICK_TYPES = ("f32", "f16", "q8_0")
 DEFAULT_OUT = Path("benchmarks") / "results"
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """Every knob of a run. The defaults are the standard run: 4 S2 Pro layers, 3 weight types."""
+    """Every knob of a run. The defaults are the standard run: 4 S2 Pro layers, 5 weight types."""
 
     layers: int = 4
     fast_layers: int = 4
@@ -56,7 +60,7 @@ class BenchConfig:
         base = dict(layers=1, fast_layers=1, context=32, steps=5, warmup_steps=2,
                     prefill_tokens=32, prefill_reps=2, fast_frames=2, phase_budget_s=10.0,
                     min_reps=2, child_timeout_s=300.0, bandwidth_mb=64, bandwidth_reps=3,
-                    quick=True)
+                    quick=True, types=QUICK_TYPES)
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

@@ -19,6 +19,11 @@ from .workload import ModelAccount, account
 
 READ_CHUNK = 64 << 20
 
+#: file types written with random valid blocks instead of quantized random weights: the K-quant
+#: quantizer takes minutes a layer at S2 Pro's size, and a step's time does not depend on the
+#: values (the benchmark's numbers are times and bytes, not outputs)
+RANDOM_BLOCK_TYPES = frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"})
+
 
 class WriteProgress:
     """progress(done, total) for the writer: a live line on a terminal, a few lines in a log."""
@@ -45,7 +50,8 @@ def prepare_model(hp: Hparams, weight_type: str, seed: int, prefill_tokens: int,
     target = directory or cache_dir()
     label = f"{weight_type} model ({hp.n_layer} layers) into {target}"
     path = cached_model(hp, weight_type, seed=seed, stem="model", directory=directory,
-                        progress=WriteProgress(label))
+                        progress=WriteProgress(label),
+                        random_blocks=weight_type in RANDOM_BLOCK_TYPES)
     warm_page_cache(path)
     mf = ModelFile(path)
     try:

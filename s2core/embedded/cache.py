@@ -32,25 +32,29 @@ def cache_dir() -> Path:
 
 
 def model_path(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
-               directory: Path | None = None, codec: "CodecConfig | None" = None) -> Path:
+               directory: Path | None = None, codec: "CodecConfig | None" = None,
+               random_blocks: bool = False) -> Path:
     """Where the cache keeps the model file for these arguments (written or not)."""
     fields = {"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
               "writer": WRITER_VERSION}
     if codec is not None:  # a file that carries its codec, as s2.cpp's do
         from .codec_writer import CODEC_WRITER_VERSION
         fields["codec"] = [dataclasses.asdict(codec), CODEC_WRITER_VERSION]
-    key = json.dumps(fields, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    if random_blocks:  # (absent otherwise: the names of files written before stay valid)
+        fields["random_blocks"] = True
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
     return (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
 
 
 def cached_model(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
                  directory: Path | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 codec: "CodecConfig | None" = None) -> Path:
+                 codec: "CodecConfig | None" = None, random_blocks: bool = False) -> Path:
     """Path of a model file for these arguments, written first if the cache lacks it.
-    `codec`: the file carries this codec too (`c.*` tensors, as s2.cpp's files)."""
-    path = model_path(hp, weight_type, seed, stem, directory, codec)
+    `codec`: the file carries this codec too (`c.*` tensors, as s2.cpp's files);
+    `random_blocks`: quantized tensors hold random valid blocks (write_model's option)."""
+    path = model_path(hp, weight_type, seed, stem, directory, codec, random_blocks)
     if not path.exists():
-        write_model(path, hp, weight_type, seed=seed, progress=progress, codec=codec)
+        write_model(path, hp, weight_type, seed=seed, progress=progress, codec=codec,
+                    random_blocks=random_blocks)
     return path

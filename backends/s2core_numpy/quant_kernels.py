@@ -1,0 +1,364 @@
+"""numba kernels for GGUF's block-quantized types, computed from the blocks as stored.
+
+The data: the file's blocks, transposed into tiles (quants.py): codes[t, b, k, j] is byte k
+of block b of output row t*TILE + j; the kernels see it as rows of TILE bytes,
+c[r0 + k, j] with r0 = (t * n_blocks + b) * block bytes. So a kernel reads, for one block and
+one byte offset, TILE consecutive bytes (one per output row) and its innermost loops run over
+the TILE outputs of a tile, as the Q8_0 and F16 kernels' do (tiled.py): pure vector work, no
+horizontal sums.
+
+Decoding follows gguf.quants' dequantize_blocks step by step in float32: a sub-block's scale is
+formed as gguf forms it (e.g. Q4_K's d * sc and dmin * m) and the weight as scale * q - min,
+so `_decode_block` gives gguf's float32 weights bit for bit. Products either decode a block into
+a small buffer and multiply from it (every type), or, for the K-quants most files are made of
+(Q4_K, Q5_K, Q6_K), sum q * x per sub-block first and scale once (the same numbers up to float32
+summation order, as ggml computes them, without quantizing the activations).
+
+float16 fields (d, dmin, m) are widened exactly by moving their bits (f16.py's method: numba
+has no float16); it is exact for finite values only, and tensors with an infinite or NaN scale
+never reach these kernels (quants.py widens them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .f16 import _UNSCALE, _bits
+from .tiled import TILE
+
+# GGML's type numbers (gguf.GGMLQuantizationType), the kernels' `kind` argument
+Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 10, 11, 12, 13, 14
+
+
+@njit(inline="always")
+def _q3_k_scale(c, r0, s, j):
+    """Q3_K: the signed 6-bit scale of sub-block s (0..15), packed in bytes 96..107."""
+    low = (c[r0 + 96 + s % 8, j] >> (4 * (s // 8))) & 15
+    high = (c[r0 + 104 + s % 4, j] >> (2 * (s // 4))) & 3
+    return np.int32(low | (high << 4)) - 32
+
+
+@njit(inline="always")
+def _half(c, r0, k, bits, out):
+    """The float16 field at bytes k, k+1 of the block at row r0, for every row of the tile,
+    widened exactly as f16.py does (bit moves and one multiply: vectorizes, no table).
+    bits: uint32 (TILE,) scratch."""
+    for j in range(TILE):
+        bits[j] = _bits(np.uint32(c[r0 + k, j]) | (np.uint32(c[r0 + k + 1, j]) << np.uint32(8)))
+    widened = bits.view(np.float32)
+    for j in range(TILE):
+        out[j] = widened[j] * _UNSCALE
+
+
+@njit(inline="always")
+def _scales(kind, c, r0, bits, sc, mn):
+    """The block's sub-block scales and mins as gguf forms them, sc[s, j] and mn[s, j], so
+    that each weight is sc * float32(q) - mn (a min that gguf adds is stored negated: x + m and
+    x - (-m) are the same float32 sum). Rows 16 and 17 of sc hold d and dmin. Loops run over
+    j innermost: they vectorize."""
+    d, dmin = sc[16], sc[17]
+    if kind == Q4_0 or kind == Q5_0:
+        _half(c, r0, 0, bits, sc[0])
+        mn[0, :] = 0.0
+    elif kind == Q4_1 or kind == Q5_1:
+        _half(c, r0, 0, bits, sc[0])
+        _half(c, r0, 2, bits, dmin)
+        for j in range(TILE):
+            mn[0, j] = -dmin[j]
+    elif kind == Q2_K:
+        _half(c, r0, 80, bits, d)
+        _half(c, r0, 82, bits, dmin)
+        for s in range(16):
+            for j in range(TILE):
+                sc[s, j] = d[j] * np.float32(c[r0 + s, j] & 15)
+                mn[s, j] = dmin[j] * np.float32(c[r0 + s, j] >> 4)
+    elif kind == Q3_K:
+        _half(c, r0, 108, bits, d)
+        for s in range(16):
+            for j in range(TILE):
+                sc[s, j] = d[j] * np.float32(_q3_k_scale(c, r0, s, j))
+                mn[s, j] = 0.0
+    elif kind == Q4_K or kind == Q5_K:
+        _half(c, r0, 0, bits, d)
+        _half(c, r0, 2, bits, dmin)
+        for s in range(4):  # the 6-bit scales and mins packed in bytes 4..15 (gguf's layout)
+            for j in range(TILE):
+                a, m, low = c[r0 + 4 + s, j], c[r0 + 8 + s, j], c[r0 + 12 + s, j]
+                sc[s, j] = d[j] * np.float32(a & 63)
+                mn[s, j] = dmin[j] * np.float32(m & 63)
+                sc[s + 4, j] = d[j] * np.float32((low & 15) | ((a >> 6) << 4))
+                mn[s + 4, j] = dmin[j] * np.float32((low >> 4) | ((m >> 6) << 4))
+    elif kind == Q6_K:
+        _half(c, r0, 208, bits, d)
+        for s in range(16):
+            for j in range(TILE):
+                sc[s, j] = d[j] * np.float32(np.int8(c[r0 + 192 + s, j]))
+                mn[s, j] = 0.0
+
+
+@njit(inline="always")
+def _u(q):
+    """A small non-negative integer as float32. Through uint8, so that LLVM keeps the bit
+    arithmetic in narrow lanes (numba widens integer arithmetic to 64 bits) and vectorizes it."""
+    return np.float32(np.uint8(q))
+
+
+@njit(inline="always")
+def _decode_block(kind, c, r0, w, bits, sc, mn):
+    """Block b of tile t as float32 w[v, j] (v: the block's values, j: the tile's rows),
+    exactly gguf's dequantization. sc (18, TILE), mn (16, TILE): float32 scratch. An offset
+    that gguf subtracts from the integer (Q4_0's 8) is subtracted in float32: exact for these
+    small integers."""
+    _scales(kind, c, r0, bits, sc, mn)
+    if kind == Q4_0 or kind == Q4_1:
+        off = 2 if kind == Q4_0 else 4
+        shift = np.float32(8 if kind == Q4_0 else 0)
+        for l in range(16):
+            for j in range(TILE):
+                byte = c[r0 + off + l, j]
+                w[l, j] = sc[0, j] * (_u(byte & 15) - shift) - mn[0, j]
+                w[l + 16, j] = sc[0, j] * (_u(byte >> 4) - shift) - mn[0, j]
+    elif kind == Q5_0 or kind == Q5_1:
+        hi = 2 if kind == Q5_0 else 4
+        shift = np.float32(16 if kind == Q5_0 else 0)
+        for l in range(16):
+            for j in range(TILE):
+                byte = c[r0 + hi + 4 + l, j]
+                h0 = c[r0 + hi + l // 8, j] >> (l % 8)
+                h1 = c[r0 + hi + 2 + l // 8, j] >> (l % 8)
+                w[l, j] = sc[0, j] * (_u((byte & 15) | ((h0 & 1) << 4)) - shift) - mn[0, j]
+                w[l + 16, j] = sc[0, j] * (_u((byte >> 4) | ((h1 & 1) << 4)) - shift) - mn[0, j]
+    elif kind == Q2_K or kind == Q3_K:
+        qs = 16 if kind == Q2_K else 32
+        for v in range(256):  # v = n*128 + k*32 + l: bits 2k of byte n*32 + l
+            n, k, l, s = v // 128, (v // 32) % 4, v % 32, v // 16
+            for j in range(TILE):
+                q = _u((c[r0 + qs + n * 32 + l, j] >> (2 * k)) & 3)
+                if kind == Q3_K:  # less 4 where hmask bit v // 32 of byte v % 32 is clear
+                    q -= np.float32(4) * _u(((c[r0 + l, j] >> (v // 32)) & 1) ^ 1)
+                w[v, j] = sc[s, j] * q - mn[s, j]
+    elif kind == Q4_K or kind == Q5_K:
+        qs = 16 if kind == Q4_K else 48
+        for v in range(256):  # v = n*64 + k*32 + l: nibble k of byte n*32 + l
+            n, k, l, s = v // 64, (v // 32) % 2, v % 32, v // 32
+            five = 1 if kind == Q5_K else 0  # the fifth bit: bit s of byte 16 + l
+            for j in range(TILE):
+                q = ((c[r0 + qs + n * 32 + l, j] >> (4 * k)) & 15) | (
+                    ((c[r0 + 16 + l, j] >> s) & five) << 4)
+                w[v, j] = sc[s, j] * _u(q) - mn[s, j]
+    elif kind == Q6_K:
+        for v in range(256):  # v = n*128 + r: low 4 bits in ql, high 2 bits in qh
+            n, r, s = v // 128, v % 128, v // 16
+            for j in range(TILE):
+                low = (c[r0 + n * 64 + r % 64, j] >> (4 * (r // 64))) & 15
+                high = (c[r0 + 128 + n * 32 + r % 32, j] >> (2 * (r // 32))) & 3
+                w[v, j] = sc[s, j] * (_u(low | (high << 4)) - np.float32(32))
+
+
+# -------------------------------------------------------------------------- generic paths
+# Every kernel sees the tiles as 2-D rows of TILE bytes, c[(t * n_blocks + b) * nbytes + k]:
+# with one computed row index per access LLVM vectorizes the loops over j reliably.
+
+@njit(inline="always")
+def _scratch():
+    """Per-thread buffers: decoded weights of one block, sub-block scales/mins, f16 bits."""
+    return (np.empty((256, TILE), np.float32), np.empty((18, TILE), np.float32),
+            np.empty((16, TILE), np.float32), np.empty(TILE, np.uint32))
+
+
+@njit(parallel=True, cache=True)
+def matvec_decoded(kind, codes, x, out):
+    """out[t*TILE + j] = sum_v w[v] x[v], each block decoded into a small buffer first (the
+    types without a fused kernel)."""
+    n_tiles, n_blocks, nbytes, _ = codes.shape
+    c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    values = x.shape[0] // n_blocks
+    for t in prange(n_tiles):
+        acc = np.zeros(TILE, np.float32)
+        w, sc, mn, bits = _scratch()
+        for b in range(n_blocks):
+            _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
+            for v in range(values):
+                xv = x[b * values + v]
+                for j in range(TILE):
+                    acc[j] += w[v, j] * xv
+        for j in range(TILE):
+            out[t * TILE + j] = acc[j]
+
+
+@njit(parallel=True, cache=True)
+def matmul_decoded(kind, codes, x, out):
+    """The same for n rows of x: each block is decoded once and used for every row."""
+    n_tiles, n_blocks, nbytes, _ = codes.shape
+    c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    n = x.shape[0]
+    values = x.shape[1] // n_blocks
+    for t in prange(n_tiles):
+        acc = np.zeros((n, TILE), np.float32)
+        w, sc, mn, bits = _scratch()
+        for b in range(n_blocks):
+            _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
+            for r in range(n):
+                for v in range(values):
+                    xv = x[r, b * values + v]
+                    for j in range(TILE):
+                        acc[r, j] += w[v, j] * xv
+        for r in range(n):
+            for j in range(TILE):
+                out[r, t * TILE + j] = acc[r, j]
+
+
+@njit(parallel=True, cache=True)
+def decode_transposed(kind, codes, w_t):
+    """The whole matrix as float32 W^T (in, padded out), for sgemm."""
+    n_tiles, n_blocks, nbytes, _ = codes.shape
+    c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    values = w_t.shape[0] // n_blocks
+    for t in prange(n_tiles):
+        w, sc, mn, bits = _scratch()
+        for b in range(n_blocks):
+            _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
+            for v in range(values):
+                for j in range(TILE):
+                    w_t[b * values + v, t * TILE + j] = w[v, j]
+
+
+@njit(cache=True)
+def gather_rows(kind, codes, rows, out):
+    """Rows `rows` as float32 (embedding lookups): only their tiles' blocks are decoded, and
+    of those only the row asked for is kept."""
+    n_tiles, n_blocks, nbytes, _ = codes.shape
+    c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    values = out.shape[1] // n_blocks
+    w, sc, mn, bits = _scratch()
+    for r in range(rows.shape[0]):
+        t, j = rows[r] // TILE, rows[r] % TILE
+        for b in range(n_blocks):
+            _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
+            for v in range(values):
+                out[r, b * values + v] = w[v, j]
+
+
+# -------------------------------------------------------------------------- fused K-quants
+# Per sub-block the integer-weighted sum of x is formed first and scaled once; a min is
+# applied to the sub-block's sum of x (`xs`, computed once per product), so the innermost
+# loops only unpack bits, convert and multiply-add.
+
+@njit(inline="always")
+def _q4_k_block(c, r0, b, x, xs, acc, lo, hi, sc, mn):
+    """acc += this Q4_K block's share of the product, for one row x. Four rows of bytes per
+    pass over the tile: their products are summed in registers before the partial sums in
+    memory are updated (measured 1.3-2x faster than one row per pass here)."""
+    base = b * 256
+    for n in range(4):  # 64 values: low nibbles sub-block 2n, high nibbles sub-block 2n+1
+        lo[:] = 0.0
+        hi[:] = 0.0
+        for l in range(0, 32, 4):
+            xb, row = base + n * 64 + l, r0 + 16 + n * 32 + l
+            a0, a1, a2, a3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
+            h0, h1, h2, h3 = x[xb + 32], x[xb + 33], x[xb + 34], x[xb + 35]
+            for j in range(TILE):
+                q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
+                lo[j] += ((_u(q0 & 15) * a0 + _u(q1 & 15) * a1)
+                          + (_u(q2 & 15) * a2 + _u(q3 & 15) * a3))
+                hi[j] += ((_u(q0 >> 4) * h0 + _u(q1 >> 4) * h1)
+                          + (_u(q2 >> 4) * h2 + _u(q3 >> 4) * h3))
+        s = 2 * n
+        for j in range(TILE):
+            acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
+                       - (mn[s, j] * xs[b * 8 + s] + mn[s + 1, j] * xs[b * 8 + s + 1]))
+
+
+@njit(inline="always")
+def _q5_k_block(c, r0, b, x, xs, acc, lo, hi, sc, mn):
+    """acc += this Q5_K block's share (Q4_K's nibbles plus a fifth bit from bytes 16..47),
+    four rows of bytes per pass as Q4_K."""
+    base = b * 256
+    for n in range(4):
+        lo[:] = 0.0
+        hi[:] = 0.0
+        for l in range(0, 32, 4):
+            xb, row, high = base + n * 64 + l, r0 + 48 + n * 32 + l, r0 + 16 + l
+            a0, a1, a2, a3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
+            h0, h1, h2, h3 = x[xb + 32], x[xb + 33], x[xb + 34], x[xb + 35]
+            for j in range(TILE):
+                q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
+                f0, f1 = c[high, j] >> (2 * n), c[high + 1, j] >> (2 * n)
+                f2, f3 = c[high + 2, j] >> (2 * n), c[high + 3, j] >> (2 * n)
+                lo[j] += ((_u((q0 & 15) | ((f0 & 1) << 4)) * a0
+                           + _u((q1 & 15) | ((f1 & 1) << 4)) * a1)
+                          + (_u((q2 & 15) | ((f2 & 1) << 4)) * a2
+                             + _u((q3 & 15) | ((f3 & 1) << 4)) * a3))
+                hi[j] += ((_u((q0 >> 4) | ((f0 & 2) << 3)) * h0
+                           + _u((q1 >> 4) | ((f1 & 2) << 3)) * h1)
+                          + (_u((q2 >> 4) | ((f2 & 2) << 3)) * h2
+                             + _u((q3 >> 4) | ((f3 & 2) << 3)) * h3))
+        s = 2 * n
+        for j in range(TILE):
+            acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
+                       - (mn[s, j] * xs[b * 8 + s] + mn[s + 1, j] * xs[b * 8 + s + 1]))
+
+
+@njit(inline="always")
+def _q6_k_block(c, r0, b, x, xs, acc, p0, p1, p2, p3, sc):
+    """acc += this Q6_K block's share: q - 32 applied as 32 times the sub-block's sum of x.
+    Values n*128 + g*32 + l take their low bits from ql byte n*64 + (g%2)*32 + l (nibble
+    g//2) and their high bits from qh byte n*32 + l (bits 2g)."""
+    base = b * 256
+    for n in range(2):
+        for half in range(2):  # l in [0, 16) and [16, 32): four sub-blocks of 16 at a time
+            p0[:] = 0.0
+            p1[:] = 0.0
+            p2[:] = 0.0
+            p3[:] = 0.0
+            for l in range(half * 16, half * 16 + 16):
+                v = base + n * 128 + l
+                x0, x1, x2, x3 = x[v], x[v + 32], x[v + 64], x[v + 96]
+                ra, rh = r0 + n * 64 + l, r0 + 128 + n * 32 + l
+                for j in range(TILE):
+                    a, a2, h = c[ra, j], c[ra + 32, j], c[rh, j]
+                    p0[j] += _u((a & 15) | ((h & 3) << 4)) * x0
+                    p1[j] += _u((a2 & 15) | ((h & 12) << 2)) * x1
+                    p2[j] += _u((a >> 4) | (h & 48)) * x2
+                    p3[j] += _u((a2 >> 4) | ((h >> 2) & 48)) * x3
+            s = n * 8 + half  # the sub-block of p0; p1..p3 are 2, 4 and 6 later
+            sx0, sx1 = xs[b * 16 + s] * np.float32(32), xs[b * 16 + s + 2] * np.float32(32)
+            sx2, sx3 = xs[b * 16 + s + 4] * np.float32(32), xs[b * 16 + s + 6] * np.float32(32)
+            for j in range(TILE):
+                acc[j] += ((sc[s, j] * (p0[j] - sx0) + sc[s + 2, j] * (p1[j] - sx1))
+                           + (sc[s + 4, j] * (p2[j] - sx2) + sc[s + 6, j] * (p3[j] - sx3)))
+
+
+@njit(parallel=True, cache=True)
+def matvec_fused(kind, codes, x, xs, out):
+    """out = W x for Q4_K, Q5_K and Q6_K; xs: the sums of x over 32 (Q4_K/Q5_K) or 16 (Q6_K)
+    values."""
+    n_tiles, n_blocks, nbytes, _ = codes.shape
+    c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    for t in prange(n_tiles):
+        acc = np.zeros(TILE, np.float32)
+        p0, p1 = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
+        p2, p3 = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
+        sc, mn = np.empty((18, TILE), np.float32), np.empty((16, TILE), np.float32)
+        bits = np.empty(TILE, np.uint32)
+        for b in range(n_blocks):
+            r0 = (t * n_blocks + b) * nbytes
+            _scales(kind, c, r0, bits, sc, mn)
+            if kind == Q6_K:
+                _q6_k_block(c, r0, b, x, xs, acc, p0, p1, p2, p3, sc)
+            elif kind == Q5_K:
+                _q5_k_block(c, r0, b, x, xs, acc, p0, p1, sc, mn)
+            else:
+                _q4_k_block(c, r0, b, x, xs, acc, p0, p1, sc, mn)
+        for j in range(TILE):
+            out[t * TILE + j] = acc[j]
+
+
+FUSED = frozenset({Q4_K, Q5_K, Q6_K})
+
+
+def sub_block_sums(kind: int, x: np.ndarray) -> np.ndarray:
+    """What the fused kernels need besides x: its sums over each sub-block."""
+    size = 16 if kind == Q6_K else 32
+    return x.reshape(-1, size).sum(axis=1, dtype=np.float32)
