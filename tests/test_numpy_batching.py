@@ -25,7 +25,8 @@ def _matrices(n_out: int, n_in: int):
     w = rng.standard_normal((n_out, n_in), dtype=np.float32)
     w16 = (w * 0.05).astype(np.float16)
     w16.flat[:3] = [0.0, -0.0, 6e-8]  # zeros and a float16 subnormal
-    return {"f16": F16Matrix.from_raw(w16), "q8_0": Q8Matrix.from_raw(gguf.quants.quantize(w, QT.Q8_0))}
+    return {"f16": F16Matrix.from_raw(w16),
+            "q8_0": Q8Matrix.from_raw(gguf.quants.quantize(w, QT.Q8_0))}
 
 
 @numba_only

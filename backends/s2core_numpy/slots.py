@@ -26,18 +26,6 @@ from . import ops
 from .weights import gather, linear
 
 
-@dataclass(frozen=True)
-class Segment:
-    """The rows [lo, hi) of a call that belong to one sequence, its cache for this layer
-    (n_head_kv, capacity, head_dim) and the position of its first row."""
-
-    lo: int
-    hi: int
-    k_cache: np.ndarray
-    v_cache: np.ndarray
-    start: int
-
-
 def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: np.ndarray,
                        segments: list[tuple[int, int, int]], k_layer, v_layer,
                        last_only: bool, round_f16: bool) -> np.ndarray:
