@@ -23,6 +23,7 @@ import numpy as np
 from s2core.backend import Backend, Capabilities, check_option
 from s2core.gguf_file import ModelFile
 from s2core.inputs import EvalBatch
+from s2core.memory import available_host_memory_bytes
 
 from .fast_ar import FastDecoder, FastState
 from .kv_cache import KVCache
@@ -75,6 +76,21 @@ class MlxBackend(Backend):
         with mx.stream(self.device):
             self._cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
                                   self._cache_dtype)
+
+    def kv_cache_limit_bytes(self) -> int | None:
+        """Memory MLX can fill now: MLX does not survive an allocation that fails (it crashes
+        the process), so the core must refuse one before it is tried. Metal: the device's
+        recommended working set (unified memory); the CPU build: available host memory."""
+        limit = available_host_memory_bytes()
+        if self.device == mx.gpu:
+            try:
+                info = mx.metal.device_info()
+            except (AttributeError, RuntimeError):
+                info = {}
+            working_set = info.get("max_recommended_working_set_size") or info.get("memory_size")
+            if working_set:
+                limit = int(working_set) if limit is None else min(limit, int(working_set))
+        return limit
 
     def free_kv_cache(self) -> None:
         self._cache = None
