@@ -163,6 +163,7 @@ def check_prompt(model: SlowARModel, prompt: Any, config: GenerationConfig,
     if not isinstance(model, SlowARModel):
         raise InvalidInputError("model", f"model must be an s2core model (s2core.load), got "
                                 f"{type(model).__name__}")
+    model._guard.check("generate()")  # open, and not held by another thread's stream
     if not isinstance(config, GenerationConfig):
         raise InvalidInputError("config", f"config must be a GenerationConfig, got "
                                 f"{type(config).__name__}")

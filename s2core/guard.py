@@ -60,6 +60,11 @@ class ModelGuard:
                 self._check(what)
             yield
 
+    def check(self, what: str) -> None:
+        """The checks of a call, for a function that touches the model later (generate)."""
+        with self._lock:
+            self._check(what)
+
     @contextmanager
     def lease(self, what: str) -> Iterator[Lease]:
         """Hold the model for a stream; a lease taken inside one (same thread) nests."""
