@@ -111,7 +111,6 @@ class TorchBackend(Backend):
 
     # ---------------------------------------------------------------- KV cache
     def allocate_kv_cache(self, max_seq_len: int) -> None:
-        hp = self.hparams
         with torch.inference_mode():
             try:
                 cache = self._new_cache(max_seq_len)
