@@ -66,18 +66,64 @@ def _read_pcm_wav(path: Path) -> tuple[np.ndarray, int]:
 
 def write_wav(path: str | os.PathLike, audio: np.ndarray, sample_rate: int) -> Path:
     """Mono 16-bit PCM WAV; samples are clipped to [-1, 1] and rounded."""
+    to_pcm16(audio, str(path))  # refuse before a file exists
+    with WavWriter(path, sample_rate) as w:
+        w.write(audio)
+    return w.path
+
+
+def to_pcm16(audio: np.ndarray, what: str = "audio") -> np.ndarray:
+    """float samples -> little-endian int16 (clipped to [-1, 1], rounded); non-finite refused."""
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
     if not np.all(np.isfinite(audio)):
-        raise AudioFileError(f"{path}: refusing to write non-finite samples")
-    pcm = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(int(sample_rate))
-        w.writeframes(pcm.tobytes())
-    return path
+        raise AudioFileError(f"{what}: refusing to write non-finite samples")
+    return np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2")
+
+
+class WavWriter:
+    """A mono 16-bit PCM WAV that grows as audio arrives (streaming synthesis).
+
+    The header's lengths are rewritten after every `write` (the `wave` module patches them on a
+    seekable file), so the file on disk is a complete, playable WAV at every moment, and a
+    crash or Ctrl-C leaves the audio made so far.
+    """
+
+    def __init__(self, path: str | os.PathLike, sample_rate: int):
+        self.path = Path(path)
+        self.sample_rate = int(sample_rate)
+        self.samples = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "wb")
+        self._wav = wave.open(self._file, "wb")
+        self._wav.setnchannels(1)
+        self._wav.setsampwidth(2)
+        self._wav.setframerate(self.sample_rate)
+        self._wav.writeframes(b"")  # the header now, so an empty stream is still a valid file
+        self._file.flush()
+
+    @property
+    def seconds(self) -> float:
+        return self.samples / self.sample_rate
+
+    def write(self, audio: np.ndarray) -> None:
+        if self._wav is None:
+            raise AudioFileError(f"{self.path}: already closed")
+        pcm = to_pcm16(audio, str(self.path))
+        self._wav.writeframes(pcm.tobytes())
+        self._file.flush()  # readers (a player, a tail) see every sample written so far
+        self.samples += pcm.size
+
+    def close(self) -> None:
+        if self._wav is not None:
+            self._wav.close()  # wave leaves a file object it was given open
+            self._file.close()
+            self._wav = None
+
+    def __enter__(self) -> "WavWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:

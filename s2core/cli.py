@@ -105,7 +105,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     run_demo(backend=args.backend, steps=args.steps, weight_type=args.weight_type, seed=args.seed,
-             export=args.export)
+             export=args.export, wav=args.wav)
     return 0
 
 
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="hparams, tensor types and memory of a GGUF model")
     i.add_argument("model")
     i.add_argument("--ctx", type=int, default=4096, help="KV cache length to size (positions)")
-    d = sub.add_parser("demo", help="generate frames with the embedded default model")
+    d = sub.add_parser("demo", help="speak a sentence into a WAV with the embedded default model")
     d.add_argument("--backend", default=None, help="backend name (default: auto)")
     d.add_argument("--steps", type=int, default=32)
     d.add_argument("--weight-type", default="f16")
@@ -141,10 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--export", metavar="DIR", default=None,
                    help="write the demo's model, tokenizer and reference voice into DIR (for "
                         "trying `s2core speak`) and print the commands")
+    from .demo import DEMO_WAV
+    d.add_argument("--wav", default=DEMO_WAV, help=f"where the speech goes (default {DEMO_WAV})")
     v = sub.add_parser("voices", help="saved voices (.s2voice) and their stored KV prefixes")
     v.add_argument("--voices-dir", metavar="DIR", default=None,
                    help="voice directory (default $S2CORE_VOICES, else ./voices)")
-    s = sub.add_parser("speak", help="text (and a reference voice) to audio codes")
+    s = sub.add_parser("speak", help="text (and a reference voice) to speech (WAV) or codes")
     from .speak import add_arguments
     add_arguments(s)
     sub.add_parser("bench", help="benchmarks (see `s2core bench --help`)", add_help=False)

@@ -1,13 +1,18 @@
-"""`s2core demo`: `s2core speak` on the embedded default model, with the time of each phase.
+"""`s2core demo`: `s2core speak --wav --stream` on the embedded default model, with the time of
+each phase.
 
-Writes a small S2 Pro-structured model and its tokenizer into the cache directory (once),
-loads the model on the auto-selected backend and speaks a sentence in the demo's reference
-voice: the first run saves that voice (s2.cpp's .s2voice, in the cache's voices/) with its KV
-prefix, later runs restore the prefix and prefill only the text. Frames are sampled with
-s2.cpp's settings, seeded, and min_tokens_before_end = --steps so every run makes that many.
+Writes a small S2 Pro-structured model (carrying a small codec, as s2.cpp's files carry
+theirs) and its tokenizer into the cache directory (once), loads the model and its codec on
+the auto-selected backends and speaks a sentence in the demo's reference voice, decoding each
+frame to audio as it comes into a growing WAV: the first run saves that voice (s2.cpp's
+.s2voice, in the cache's voices/) with its KV prefix, later runs restore the prefix and
+prefill only the text. Frames are sampled with s2.cpp's settings, seeded, and
+min_tokens_before_end = --steps so every run makes that many. The weights are random, so the
+WAV is noise-like sound, not speech: the demo shows the path, a real GGUF gives the voice.
 
-`--export DIR` writes the model, tokenizer.json and the reference voice (.npy + transcript)
-into DIR for trying `s2core speak` by hand, and prints the commands.
+`--export DIR` writes the model, tokenizer.json and the reference voice (.npy codes, their
+audio as a WAV, the transcript) into DIR for trying `s2core speak` by hand, and prints the
+commands.
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ import numpy as np
 
 import s2core
 
+from .audio import WavWriter, write_wav
 from .embedded.cache import cache_dir, cached_model, model_path
+from .embedded.codec_writer import demo_codec_config
 from .embedded.tokenizer import cached_tokenizer
 from .embedded.writer import demo_hparams
 from .generation import GenerationConfig
 from .hparams import Hparams
 from .progress import Progress
 from .speak import FrameProgress, SpeakResult, report_lines, speak
+from .speech import AudioOut
 from .text.tokenizer import Tokenizer
 from .voices import VoiceLibrary
 
@@ -37,6 +45,8 @@ DEMO_TRANSCRIPT = "This is the voice the demo speaks with."
 DEMO_VOICE = "demo"
 #: frames of the demo's reference voice (about 2.2 s of audio)
 DEMO_REFERENCE_FRAMES = 48
+#: where the demo's speech goes (the current directory)
+DEMO_WAV = "s2core-demo.wav"
 
 
 def demo_reference(hp: Hparams, seed: int = 1234) -> np.ndarray:
@@ -55,22 +65,24 @@ class DemoReport:
     load_s: float
     result: SpeakResult
     model_from_cache: bool = False      # the model file was already there (write_s is a lookup)
+    wav: Path | None = None
+    codec_load_s: float = 0.0
 
 
 def demo_assets(weight_type: str = "f16", seed: int = 0) -> tuple[Path, Path, bool, float]:
     """(model path, tokenizer path, model was cached, seconds to write or find them)."""
-    hp = demo_hparams()
-    from_cache = model_path(hp, weight_type, seed=seed, stem="demo").exists()
+    hp, codec = demo_hparams(), demo_codec_config()
+    from_cache = model_path(hp, weight_type, seed=seed, stem="demo", codec=codec).exists()
     t = time.perf_counter()
-    path = cached_model(hp, weight_type, seed=seed, stem="demo",
-                        progress=Progress("writing model", 1))
+    path = cached_model(hp, weight_type, seed=seed, stem="demo", codec=codec,
+                        progress=Progress("writing model and codec", 1))
     tok_path = cached_tokenizer(hp, stem="demo-tokenizer")
     return path, tok_path, from_cache, time.perf_counter() - t
 
 
 def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f16",
-             seed: int = 0, out=sys.stdout, export: str | Path | None = None
-             ) -> DemoReport | None:
+             seed: int = 0, out=sys.stdout, export: str | Path | None = None,
+             wav: str | Path = DEMO_WAV) -> DemoReport | None:
     hp = demo_hparams()
     path, tok_path, from_cache, write_s = demo_assets(weight_type, seed)
     if export is not None:
@@ -80,12 +92,17 @@ def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f1
     t = time.perf_counter()
     model = s2core.load(path, backend=backend)
     load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    codec = s2core.load_codec(path)
+    codec_load_s = time.perf_counter() - t
     tokenizer = Tokenizer.from_file(tok_path)
     caps = model.capabilities
     print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
           f"KV cache {caps.kv_cache_dtype})", file=out)
     print(f"model        {path} ({path.stat().st_size / 1e6:.1f} MB, {weight_type}, "
-          f"{hp.n_layer} layers, dim {hp.dim})", file=out)
+          f"{hp.n_layer} layers, dim {hp.dim}; codec inside)", file=out)
+    print(f"codec        {codec.backend_name}, {codec.sample_rate} Hz, "
+          f"{codec.samples_per_frame} samples a frame", file=out)
     print(f"tokenizer    {tok_path}", file=out)
 
     library = VoiceLibrary(cache_dir() / "voices")
@@ -96,12 +113,14 @@ def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f1
     config = GenerationConfig(max_new_tokens=steps, min_tokens_before_end=steps, seed=seed,
                               im_end_id=tokenizer.im_end_id)
     progress = FrameProgress()
-    with model:
+    with model, codec, WavWriter(wav, codec.sample_rate) as writer:
+        audio = AudioOut(codec, stream=True, on_audio=writer.write)
         result = speak(model, tokenizer, DEMO_TEXT, voices_dir=library.directory, config=config,
-                       on_frame=progress, say=lambda msg: print(msg, file=out), **voice_args)
+                       on_frame=progress, audio=audio, say=lambda msg: print(msg, file=out),
+                       **voice_args)
     progress.close()
     report = DemoReport(model.backend.name, str(path), result.prompt_positions, result.codes,
-                        write_s, load_s, result, from_cache)
+                        write_s, load_s, result, from_cache, Path(wav), codec_load_s)
     _print_report(report, out)
     return report
 
@@ -111,23 +130,34 @@ def export_demo(directory: Path, model: Path, tokenizer: Path, out) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model, directory / "model.gguf")
     shutil.copyfile(tokenizer, directory / "tokenizer.json")
-    np.save(directory / "reference.npy", demo_reference(hp).astype(np.int32))
+    reference = demo_reference(hp).astype(np.int32)
+    np.save(directory / "reference.npy", reference)
+    with s2core.load_codec(directory / "model.gguf") as codec:
+        write_wav(directory / "reference.wav", codec.decode(reference), codec.sample_rate)
     (directory / "reference.txt").write_text(DEMO_TRANSCRIPT + "\n", encoding="utf-8")
     d = directory
-    print(f"wrote {d}/model.gguf, tokenizer.json, reference.npy ([{hp.num_codebooks}, "
-          f"{DEMO_REFERENCE_FRAMES}] codes) and reference.txt (its transcript). Try:", file=out)
+    print(f"wrote {d}/model.gguf (with its codec), tokenizer.json, reference.npy "
+          f"([{hp.num_codebooks}, {DEMO_REFERENCE_FRAMES}] codes), reference.wav (their audio) "
+          "and reference.txt (the transcript). Try:", file=out)
     common = f"s2core speak {d}/model.gguf --tokenizer {d}/tokenizer.json --voices-dir {d}/voices"
     print(f'  {common} --text "Hello there." --reference-codes {d}/reference.npy '
-          f'--reference-text "{DEMO_TRANSCRIPT}" --save-voice anna --out {d}/hello.npy', file=out)
-    print(f'  {common} --text "And once more, faster." --voice anna --out {d}/again.npy',
-          file=out)
+          f'--reference-text "{DEMO_TRANSCRIPT}" --save-voice anna --wav {d}/hello.wav', file=out)
+    print(f'  {common} --text "And once more, faster." --voice anna --wav {d}/again.wav '
+          '--stream', file=out)
+    print(f'  {common} --text "From a recording." --reference-audio {d}/reference.wav '
+          f'--reference-text "{DEMO_TRANSCRIPT}" --out {d}/codes.npy', file=out)
 
 
 def _print_report(r: DemoReport, out) -> None:
     label = "model (from the cache)" if r.model_from_cache else "model write"
     print(f"{label:<22}{r.write_s:9.3f}", file=out)
-    for line in report_lines(r.result, r.load_s):
+    for line in report_lines(r.result, r.load_s, codec_load_s=r.codec_load_s):
         print(line, file=out)
     n = r.frames.shape[1]
     print(f"generated    {n} frames; first frame codes: "
           f"{r.frames[:, 0].tolist() if n else []}", file=out)
+    if r.wav is not None:
+        a = r.result.audio_stats
+        print(f"wrote        {r.wav}: {a.audio_s:.2f} s of {a.sample_rate} Hz mono PCM16, "
+              "written as frames came (random weights: it sounds like noise, not speech)",
+              file=out)

@@ -3,6 +3,10 @@
     result = speak(model, tokenizer, "Hello there.", voice="anna", voices_dir="voices")
     result.codes                  # [num_codebooks, frames] int32, fish-speech's codes.npy layout
 
+    codec = s2core.load_codec("model.gguf")      # the codec stored in the same file
+    result = speak(model, tokenizer, "Hello.", voice="anna", audio=AudioOut(codec))
+    result.audio                  # float32 samples at codec.sample_rate, decoded as frames came
+
 A reference voice comes as codes [num_codebooks, T] plus transcript, or as a saved voice
 (`voice=`: a name in the voice directory or a path to an .s2voice file). With a saved voice the
 prompt's voice prefix (SPEC 7) is restored from the K/V stored for this model file, and only
@@ -27,6 +31,8 @@ from .generation import (GenerationConfig, GenerationStats, audio_seconds, check
                          stream)
 from .model import SlowARModel
 from .prefix import KVPrefix
+from .audio import WavWriter, write_wav
+from .speech import AudioOut, AudioStats, check_codec_fits, reference_codes_from_audio
 from .text.prompt import check_reference, split_prompt
 from .text.tokenizer import Tokenizer
 from .voice import SAMPLE_RATE, Voice
@@ -56,6 +62,8 @@ class SpeakResult:
     voice: VoiceReport
     prompt_positions: int
     prompt_build_s: float
+    audio: np.ndarray | None = None     # float32 at audio_stats.sample_rate (with a codec)
+    audio_stats: AudioStats | None = None
 
     @property
     def frames(self) -> int:
@@ -71,9 +79,11 @@ def speak(model: SlowARModel, tokenizer: Tokenizer, text: str, *,
           voice: str | Path | None = None, save_voice: str | None = None,
           voices_dir: str | Path | None = None, config: GenerationConfig | None = None,
           on_frame: Callable[[int, np.ndarray], Any] | None = None,
+          audio: AudioOut | None = None,
           say: Callable[[str], None] = lambda msg: None) -> SpeakResult:
     """Generate codes for `text` (see the module docstring). `on_frame(i, codes)` is called
-    after each frame (returning False stops); `say` receives progress messages."""
+    after each frame (returning False stops); `audio` turns the frames into sound (as they
+    come when it streams); `say` receives progress messages."""
     hp = model.hparams
     config = config or GenerationConfig(im_end_id=tokenizer.im_end_id)
     if config.im_end_id != tokenizer.im_end_id:
@@ -86,6 +96,8 @@ def speak(model: SlowARModel, tokenizer: Tokenizer, text: str, *,
                                 "codes with their transcript, not both")
     if save_voice is not None:
         check_name(save_voice)
+    if audio is not None:
+        check_codec_fits(audio.codec, hp)
     if voice is not None:
         loaded, report.voice_path = library.load(voice)
         loaded.check_fits(hp, str(report.voice_path))
@@ -118,16 +130,24 @@ def speak(model: SlowARModel, tokenizer: Tokenizer, text: str, *,
 
     stats = GenerationStats()
     frames = []
+    if audio is not None:
+        audio.start()
     it = stream(model, prompt, config, prefix, stats)
     try:
         for frame in it:
             frames.append(frame)
+            if audio is not None:
+                audio.frame(frame)
             if on_frame is not None and on_frame(len(frames) - 1, frame) is False:
                 break
     finally:
         it.close()
     out = (np.stack(frames, axis=1) if frames else np.zeros((hp.num_codebooks, 0), np.int64))
-    return SpeakResult(out.astype(np.int32), stats, report, len(prompt), build_s)
+    codes = out.astype(np.int32)
+    result = SpeakResult(codes, stats, report, len(prompt), build_s)
+    if audio is not None:
+        result.audio, result.audio_stats = audio.finish(codes), audio.stats
+    return result
 
 
 def _voice_prefix(model: SlowARModel, library: VoiceLibrary, report: VoiceReport,
@@ -214,9 +234,10 @@ class FrameProgress:
 
 
 def report_lines(result: SpeakResult, load_s: float | None = None,
-                 tokenizer_s: float | None = None) -> list[str]:
+                 tokenizer_s: float | None = None, codec_load_s: float | None = None,
+                 encode_s: float | None = None) -> list[str]:
     """The timing table printed at the end of `s2core speak` and `s2core demo`."""
-    s, v = result.stats, result.voice
+    s, v, a = result.stats, result.voice, result.audio_stats
     lines = [f"{'phase':<22}{'seconds':>9}  notes"]
 
     def row(name: str, seconds: float | None, note: str = "") -> None:
@@ -226,6 +247,10 @@ def report_lines(result: SpeakResult, load_s: float | None = None,
         row("tokenizer", tokenizer_s)
     if load_s is not None:
         row("model load", load_s)
+    if codec_load_s is not None:
+        row("codec load", codec_load_s)
+    if encode_s is not None:
+        row("reference encode", encode_s, "the reference recording to codes")
     row("prompt", result.prompt_build_s, f"{result.prompt_positions} positions")
     if v.prefix == "computed":
         row("voice prefix", v.prefix_compute_s, f"{v.prefix_positions} positions prefilled "
@@ -236,11 +261,14 @@ def report_lines(result: SpeakResult, load_s: float | None = None,
     rate = s.prefilled_positions / s.prefill_s if s.prefill_s > 0 else 0.0
     row("prefill", s.prefill_s, f"{s.prefilled_positions} positions ({rate:.0f}/s)")
     row("first frame", s.first_frame_s, "from the start of generation")
-    gen_s = s.total_s - s.restore_s - s.prefill_s
+    # a streaming decode runs between the frames: its time is the audio's, not generation's
+    streamed_s = a.decode_s if a is not None and a.mode == "streamed" else 0.0
+    gen_s = s.total_s - s.restore_s - s.prefill_s - streamed_s
     fps = s.frames / gen_s if gen_s > 0 else 0.0
     audio = audio_seconds(s.frames)
+    codes_s = s.total_s - streamed_s
     row("generation", gen_s, f"{s.frames} frames, {fps:.1f} frames/s, {audio:.2f} s of audio"
-        + (f" ({audio / s.total_s:.2f}x real time)" if s.total_s > 0 and s.frames else ""))
+        + (f" ({audio / codes_s:.2f}x real time)" if codes_s > 0 and s.frames else ""))
     if s.step_s:
         row("  step (Slow-AR)", float(np.sum(s.step_s)),
             f"median {np.median(s.step_s) * 1e3:.1f} ms")
@@ -248,7 +276,16 @@ def report_lines(result: SpeakResult, load_s: float | None = None,
         row("  Fast-AR codes", float(np.sum(s.fast_decode_s)),
             f"median {np.median(s.fast_decode_s) * 1e3:.1f} ms a frame")
     row("  sampling", s.sample_s, "main tokens")
-    row("total", s.total_s, f"stopped by {s.stopped_by}")
+    if a is not None:
+        rate = a.audio_s / a.decode_s if a.decode_s > 0 else 0.0
+        how = (f"frame by frame, median {np.median(a.chunks) * 1e3:.1f} ms a frame"
+               if a.mode == "streamed" and a.chunks else "one shot after generation")
+        row("audio decode", a.decode_s, f"{a.audio_s:.2f} s of audio at {a.sample_rate} Hz, "
+            f"{how} ({rate:.1f} s of audio a second)")
+        if a.first_audio_s is not None:
+            row("first audio", a.first_audio_s, "from the start of generation")
+    total = s.total_s + (a.decode_s - streamed_s if a is not None else 0.0)
+    row("total", total, f"stopped by {s.stopped_by}")
     return lines
 
 
@@ -260,6 +297,7 @@ def run_command(args: Any, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -
     def say(msg: str) -> None:
         print(msg, file=err, flush=True)
 
+    _check_outputs(args)
     reference = None if args.reference_codes is None else reference_from_npy(args.reference_codes)
     t = time.perf_counter()
     tokenizer = Tokenizer.from_file(args.tokenizer)
@@ -275,23 +313,67 @@ def run_command(args: Any, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -
     caps = model.capabilities
     print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
           f"KV cache {caps.kv_cache_dtype})", file=out)
+    codec = wav = None
+    codec_load_s = encode_s = None
     progress = FrameProgress(err)
     try:
+        if args.wav is not None or args.reference_audio is not None:
+            t = time.perf_counter()
+            codec = s2core.load_codec(args.codec or args.model, backend=args.codec_backend)
+            codec_load_s = time.perf_counter() - t
+            check_codec_fits(codec, model.hparams)
+            print(f"codec        {codec.backend_name}, {codec.sample_rate} Hz, "
+                  f"{codec.samples_per_frame} samples a frame, from {codec.codec_file.path}",
+                  file=out)
+        if args.reference_audio is not None:
+            t = time.perf_counter()
+            reference = reference_codes_from_audio(codec, args.reference_audio)
+            encode_s = time.perf_counter() - t
+            say(f"reference audio: {args.reference_audio} -> codes {list(reference.shape)}")
+        audio = None
+        if args.wav is not None:
+            if args.stream:
+                wav = WavWriter(args.wav, codec.sample_rate)
+            audio = AudioOut(codec, stream=args.stream,
+                             on_audio=None if wav is None else wav.write)
         result = speak(model, tokenizer, args.text, reference_codes=reference,
                        reference_text=args.reference_text, voice=args.voice,
                        save_voice=args.save_voice, voices_dir=args.voices_dir, config=config,
-                       on_frame=progress, say=say)
+                       on_frame=progress, audio=audio, say=say)
     finally:
         progress.close()
+        if wav is not None:
+            wav.close()  # a complete WAV of what was made, even after Ctrl-C
+        if codec is not None:
+            codec.close()
         model.close()
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(out_path, result.codes)
-    for line in report_lines(result, load_s, tokenizer_s):
+    if args.wav is not None and wav is None:
+        write_wav(args.wav, result.audio, codec.sample_rate)
+    for line in report_lines(result, load_s, tokenizer_s, codec_load_s, encode_s):
         print(line, file=out)
-    print(f"wrote        {out_path}: codes {list(result.codes.shape)} int32 "
-          f"([num_codebooks, frames], {result.audio_s:.2f} s of audio)", file=out)
+    if args.out is not None or args.wav is None:
+        out_path = Path(args.out or "codes.npy")
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(out_path, result.codes)
+        print(f"wrote        {out_path}: codes {list(result.codes.shape)} int32 "
+              f"([num_codebooks, frames], {result.audio_s:.2f} s of audio)", file=out)
+    if args.wav is not None:
+        how = "written as frames came" if args.stream else "decoded after generation"
+        print(f"wrote        {args.wav}: {len(result.audio) / result.audio_stats.sample_rate:.2f}"
+              f" s, {result.audio_stats.sample_rate} Hz mono PCM16 ({how})", file=out)
     return 0
+
+
+def _check_outputs(args: Any) -> None:
+    """Option combinations, refused before anything is loaded."""
+    if args.stream and args.wav is None:
+        raise InvalidInputError("stream", "--stream writes the WAV as frames come: give --wav")
+    if args.reference_audio is not None and args.reference_codes is not None:
+        raise InvalidInputError("reference", "give --reference-codes or --reference-audio, "
+                                "not both")
+    if args.reference_audio is not None and args.reference_text is None:
+        raise InvalidInputError("reference_text", "--reference-audio needs --reference-text "
+                                "(its transcript)")
 
 
 def add_arguments(p: Any) -> None:
@@ -301,6 +383,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--text", required=True, help="text to speak")
     p.add_argument("--reference-codes", metavar="NPY",
                    help="reference voice codes: .npy integers [num_codebooks, T] (fish-speech's)")
+    p.add_argument("--reference-audio", metavar="WAV",
+                   help="reference voice as a recording (any rate; encoded by the codec)")
     p.add_argument("--reference-text", help="transcript of the reference voice")
     p.add_argument("--voice", metavar="NAME|PATH",
                    help="a saved voice: NAME in --voices-dir, or a path to an .s2voice file")
@@ -318,5 +402,13 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--backend", default=None, help="backend name (default: auto)")
     p.add_argument("--kv-cache-dtype", default=None, help="KV cache type (default: the "
                    "backend's, f16 as s2.cpp)")
-    p.add_argument("--out", default="codes.npy",
-                   help="output .npy: codes [num_codebooks, frames] int32 (default codes.npy)")
+    p.add_argument("--wav", metavar="WAV", help="write the speech: 44.1 kHz mono 16-bit PCM")
+    p.add_argument("--stream", action="store_true",
+                   help="decode each frame as it is generated and grow the WAV as it goes "
+                        "(reports the time to the first audio)")
+    p.add_argument("--codec", metavar="GGUF",
+                   help="the codec's file (default: the model file, which carries it)")
+    p.add_argument("--codec-backend", default=None, help="codec backend (default: auto)")
+    p.add_argument("--out", default=None,
+                   help="output .npy: codes [num_codebooks, frames] int32 (default codes.npy "
+                        "when no --wav is given)")

@@ -44,8 +44,14 @@ def test_demo_runs_through_the_console_script(tmp_path):
     env = {"S2CORE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin",
            "S2CORE_BACKEND": "numpy"}
     out = subprocess.run([exe, "demo", "--steps", "4"], capture_output=True, text=True,
-                         env=env, timeout=300)
+                         env=env, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "backend      numpy" in out.stdout
     assert "generated    4 frames" in out.stdout
     assert list(tmp_path.glob("demo-f16-*.gguf"))
+    # the demo ends in speech: 4 frames of 2048 samples at 44.1 kHz, decoded as they came
+    import wave
+    with wave.open(str(tmp_path / "s2core-demo.wav"), "rb") as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (44100, 1, 2)
+        assert w.getnframes() == 4 * 2048
+    assert "first audio" in out.stdout

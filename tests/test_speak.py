@@ -25,26 +25,6 @@ HP = demo_hparams()
 TRANSCRIPT = "This is the voice the demo speaks with."
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> Path:
-    """`s2core demo --export`: the demo's model, tokenizer and reference voice."""
-    d = tmp_path_factory.mktemp("demo")
-    cache = tmp_path_factory.mktemp("cache")
-    import os
-    old = os.environ.get("S2CORE_CACHE")
-    os.environ["S2CORE_CACHE"] = str(cache)
-    try:
-        assert main(["demo", "--export", str(d)]) == 0
-    finally:
-        if old is None:
-            del os.environ["S2CORE_CACHE"]
-        else:
-            os.environ["S2CORE_CACHE"] = old
-    assert {p.name for p in d.iterdir()} >= {"model.gguf", "tokenizer.json", "reference.npy",
-                                              "reference.txt"}
-    return d
-
-
 def _exe() -> str:
     exe = shutil.which("s2core", path=str(Path(sys.executable).parent))
     if exe is None:
@@ -194,7 +174,7 @@ def test_demo_saves_its_voice_then_restores_it(tmp_path):
     exe = _exe()
     env = {"S2CORE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin", "S2CORE_BACKEND": "numpy"}
     runs = [subprocess.run([exe, "demo", "--steps", "4"], capture_output=True, text=True,
-                           env=env, timeout=300) for _ in range(2)]
+                           env=env, timeout=300, cwd=tmp_path) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr
         assert "backend      numpy" in run.stdout and "generated    4 frames" in run.stdout

@@ -93,6 +93,7 @@ class CodecFile:
                     f"{self.path}: general.architecture = {self.architecture!r}; a codec is read "
                     f"from {' or '.join(map(repr, ARCHITECTURES))} files (CODEC.md 1)")
             self.prefix = ARCHITECTURES[self.architecture]
+            self._check_has_codec()
             self.hparams = CodecHparams.from_metadata(self._source.values(KEY_PREFIX))
             self.layout: CodecLayout = build_layout(self.hparams, self._probe_transformer)
             self.encode_unavailable_reason = self._check()
@@ -101,6 +102,18 @@ class CodecFile:
             raise
 
     # ------------------------------------------------------------------ checks
+    def _check_has_codec(self) -> None:
+        """A model file without any codec part (some exports leave it out) is told apart from
+        a broken codec: the user then needs a separate codec file, not a repaired one."""
+        has_keys = any(True for _ in self._source.values(KEY_PREFIX))
+        has_tensors = any(n.startswith(self.prefix) for n in self._source.tensors) \
+            if self.prefix else bool(self._source.tensors)
+        if not has_keys and not has_tensors:
+            raise ModelFileError(
+                f"{self.path}: holds no audio codec (no {KEY_PREFIX}* keys, no "
+                f"{self.prefix or 'codec '}tensors); use a GGUF that carries one, or a "
+                "codec-only file")
+
     def _stored(self, name: str) -> StoredTensor | None:
         return self._source.tensors.get(self.prefix + name)
 

@@ -11,10 +11,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..hparams import Hparams
 from .writer import write_model
+
+if TYPE_CHECKING:
+    from .codec_writer import CodecConfig
 
 #: bump when the writer's output for the same arguments changes
 WRITER_VERSION = 1
@@ -29,19 +32,25 @@ def cache_dir() -> Path:
 
 
 def model_path(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
-               directory: Path | None = None) -> Path:
+               directory: Path | None = None, codec: "CodecConfig | None" = None) -> Path:
     """Where the cache keeps the model file for these arguments (written or not)."""
-    key = json.dumps({"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
-                      "writer": WRITER_VERSION}, sort_keys=True)
+    fields = {"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
+              "writer": WRITER_VERSION}
+    if codec is not None:  # a file that carries its codec, as s2.cpp's do
+        from .codec_writer import CODEC_WRITER_VERSION
+        fields["codec"] = [dataclasses.asdict(codec), CODEC_WRITER_VERSION]
+    key = json.dumps(fields, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
 
 
 def cached_model(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
                  directory: Path | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> Path:
-    """Path of a model file for these arguments, written first if the cache lacks it."""
-    path = model_path(hp, weight_type, seed, stem, directory)
+                 progress: Callable[[int, int], None] | None = None,
+                 codec: "CodecConfig | None" = None) -> Path:
+    """Path of a model file for these arguments, written first if the cache lacks it.
+    `codec`: the file carries this codec too (`c.*` tensors, as s2.cpp's files)."""
+    path = model_path(hp, weight_type, seed, stem, directory, codec)
     if not path.exists():
-        write_model(path, hp, weight_type, seed=seed, progress=progress)
+        write_model(path, hp, weight_type, seed=seed, progress=progress, codec=codec)
     return path
