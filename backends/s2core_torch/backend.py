@@ -114,7 +114,7 @@ class TorchBackend(Backend):
         with torch.inference_mode():
             try:
                 cache = self._new_cache(max_seq_len)
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:
                 if self._cache is None or not self.options.on_cuda:
                     raise
                 # not beside the old one on the GPU: kv_cache_limit_bytes counted the old
