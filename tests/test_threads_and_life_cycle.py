@@ -317,8 +317,12 @@ print("ok")
 
 
 def test_mlx_under_concurrent_calls_does_not_crash(tiny_model):
-    """In a child process, so a crash fails this test instead of ending the test run."""
+    """In a child process, so a crash fails this test instead of ending the test run. Also
+    at exit: threads that left MLX streams of their own behind (a default stream, or one a
+    compiled function traced on) aborted the process as it ended, in most runs, not all:
+    hence three."""
     available("mlx")
-    run = subprocess.run([sys.executable, "-c", MLX_STRESS, str(tiny_model)],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "ok" in run.stdout, (run.returncode, run.stderr[-2000:])
+    for _ in range(3):
+        run = subprocess.run([sys.executable, "-c", MLX_STRESS, str(tiny_model)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "ok" in run.stdout, (run.returncode, run.stderr[-2000:])
