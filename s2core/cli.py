@@ -82,6 +82,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {name:<8}{count[name]:>5} tensors {_gb(nbytes):>12}")
     print(f"  total weights {_gb(mf.weight_bytes)}; ignored tensors (codec c.* and others): "
           f"{len(mf.extra_tensor_names)}")
+    print(_codec_line(args.model))
     print(f"KV cache at {args.ctx} positions: " + ", ".join(
         f"{d} {_gb(kv_cache_bytes(hp, args.ctx, d))}" for d in ("f16", "bf16", "f32")))
     rows = s2core.list_backends()
@@ -100,6 +101,26 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
               f"{_gb(backend_kv_cache_bytes(hp, args.ctx, r.capabilities))}{state}")
     return 0
+
+
+def _codec_line(path: str) -> str:
+    """Whether the file carries the audio codec (`speak --wav` needs one)."""
+    from .codec.file import CodecFile
+    from .errors import ModelFileError
+    try:
+        cf = CodecFile(path)
+    except ModelFileError as exc:
+        return f"codec        none usable: {exc} (speak --wav then needs --codec FILE)"
+    try:
+        hp = cf.hparams
+        encoder = "encoder too" if cf.can_encode else "decode only"
+        types = sorted({cf.type_name(n) for n in cf.layout.decode_tensors()})
+        return (f"codec        {hp.sample_rate} Hz, {hp.samples_per_frame} samples a frame, "
+                f"{hp.num_codebooks} codebooks (semantic {hp.codebook_sizes[0]} codes, "
+                f"residual {hp.codebook_sizes[-1]}), "
+                f"{_gb(cf.weight_bytes)} {'/'.join(types)}, {encoder}")
+    finally:
+        cf.close()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

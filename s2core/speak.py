@@ -374,6 +374,9 @@ def _check_outputs(args: Any) -> None:
     if args.reference_audio is not None and args.reference_codes is not None:
         raise InvalidInputError("reference", "give --reference-codes or --reference-audio, "
                                 "not both")
+    if args.reference_audio is not None and args.voice is not None:
+        raise InvalidInputError("voice_and_reference", "give either a saved voice or a "
+                                "reference recording with its transcript, not both")
     if args.reference_audio is not None and args.reference_text is None:
         raise InvalidInputError("reference_text", "--reference-audio needs --reference-text "
                                 "(its transcript)")

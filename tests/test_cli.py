@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 
-import pytest
 
 from s2core.cli import main
+from s2core.testing.commands import s2core_executable
 
 
 def test_backends_lists_numpy_with_capabilities(capsys):
@@ -38,9 +36,7 @@ def test_info_on_a_bad_file_is_a_clean_error(tmp_path, capsys):
 
 
 def test_demo_runs_through_the_console_script(tmp_path):
-    exe = shutil.which("s2core", path=str(__import__("pathlib").Path(sys.executable).parent))
-    if exe is None:
-        pytest.skip("the s2core console script is not installed in this environment")
+    exe = s2core_executable()
     env = {"S2CORE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin",
            "S2CORE_BACKEND": "numpy"}
     out = subprocess.run([exe, "demo", "--steps", "4"], capture_output=True, text=True,

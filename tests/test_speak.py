@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from s2core.embedded.tokenizer import build_tokenizer_json
 from s2core.embedded.writer import demo_hparams, write_model
 from s2core.generation import GenerationConfig
 from s2core.speak import speak
+from s2core.testing.commands import s2core_executable
 from s2core.text.tokenizer import Tokenizer
 from s2core.voices import VoiceLibrary
 
@@ -25,15 +25,8 @@ HP = demo_hparams()
 TRANSCRIPT = "This is the voice the demo speaks with."
 
 
-def _exe() -> str:
-    exe = shutil.which("s2core", path=str(Path(sys.executable).parent))
-    if exe is None:
-        pytest.skip("the s2core console script is not installed in this environment")
-    return exe
-
-
 def _speak_cli(assets: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [_exe(), "speak", str(assets / "model.gguf"), "--tokenizer",
+    cmd = [s2core_executable(), "speak", str(assets / "model.gguf"), "--tokenizer",
            str(assets / "tokenizer.json"), "--voices-dir", str(assets / "voices"),
            "--max-new-tokens", "6", "--min-tokens-before-end", "6", "--seed", "3",
            "--backend", "numpy", *args]
@@ -71,7 +64,7 @@ def test_speak_with_a_reference_then_with_the_saved_voice(assets, tmp_path):
     assert prefilled < 40 and restored + prefilled < total + 20  # only the text part is prefilled
     assert "first frame" in second.stdout and "frames/s" in second.stdout
     assert np.load(tmp_path / "b.npy").shape == (HP.num_codebooks, 6)
-    listing = subprocess.run([_exe(), "voices", "--voices-dir", str(voices)], capture_output=True,
+    listing = subprocess.run([s2core_executable(), "voices", "--voices-dir", str(voices)], capture_output=True,
                              text=True, timeout=60)
     assert "anna" in listing.stdout and "48 frames" in listing.stdout
     assert "-f16" in listing.stdout  # its stored prefix
@@ -171,7 +164,7 @@ def test_cli_refuses_a_tokenizer_without_the_specials(assets, tmp_path, capsys):
 
 
 def test_demo_saves_its_voice_then_restores_it(tmp_path):
-    exe = _exe()
+    exe = s2core_executable()
     env = {"S2CORE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin", "S2CORE_BACKEND": "numpy"}
     runs = [subprocess.run([exe, "demo", "--steps", "4"], capture_output=True, text=True,
                            env=env, timeout=300, cwd=tmp_path) for _ in range(2)]

@@ -5,9 +5,7 @@ reference voices from a recording, and the clear errors around them."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 import wave
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from s2core.errors import InvalidInputError, ModelFileError
 from s2core.generation import GenerationConfig
 from s2core.speak import speak
 from s2core.speech import AudioOut, check_codec_fits
+from s2core.testing.commands import s2core_executable
 from s2core.text.tokenizer import Tokenizer
 from s2core.voice import Voice
 
@@ -117,23 +116,23 @@ def test_codec_of_another_model_is_refused_before_anything_runs(parts, assets, t
     assert model.n_past == 0
 
 
-def test_a_model_file_without_a_codec_says_so(tmp_path):
+def test_a_model_file_without_a_codec_says_so(tmp_path, assets, capsys):
     path = tmp_path / "no-codec.gguf"
     write_model(path, HP, "f16")
-    with pytest.raises(ModelFileError, match="holds no audio codec"):
+    with pytest.raises(ModelFileError, match=r"holds no audio codec \(no fish_speech.codec.\* "
+                                             r"keys, no c.\* tensors\)"):
         s2core.load_codec(path)
+    from s2core.cli import main
+    assert main(["info", str(path)]) == 0
+    assert "codec        none usable" in capsys.readouterr().out
+    assert main(["info", str(assets / "model.gguf")]) == 0
+    assert re.search(r"codec        44100 Hz, 2048 samples a frame, 10 codebooks .*f16, "
+                     r"encoder too", capsys.readouterr().out)
 
 
 # ---------------------------------------------------------------------- the command
-def _exe() -> str:
-    exe = shutil.which("s2core", path=str(Path(sys.executable).parent))
-    if exe is None:
-        pytest.skip("the s2core console script is not installed in this environment")
-    return exe
-
-
 def _speak_cli(assets: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [_exe(), "speak", str(assets / "model.gguf"), "--tokenizer",
+    cmd = [s2core_executable(), "speak", str(assets / "model.gguf"), "--tokenizer",
            str(assets / "tokenizer.json"), "--voices-dir", str(assets / "voices-speech"),
            "--max-new-tokens", "4", "--min-tokens-before-end", "4", "--seed", "5",
            "--backend", "numpy", "--codec-backend", "numpy", *args]
@@ -183,6 +182,8 @@ def test_speak_takes_a_reference_recording(assets, tmp_path):
     (["--reference-audio", "x.wav"], "reference_text"),
     (["--reference-audio", "x.wav", "--reference-codes", "y.npy", "--reference-text", "t"],
      "reference"),
+    (["--reference-audio", "x.wav", "--reference-text", "t", "--voice", "anna"],
+     "voice_and_reference"),
 ])
 def test_speak_refuses_option_combinations_before_loading(assets, args, check):
     run = _speak_cli(assets, "--text", "Hi.", *args)
@@ -193,13 +194,13 @@ def test_speak_refuses_option_combinations_before_loading(assets, args, check):
 def test_speak_wav_without_a_codec_in_the_file(assets, tmp_path):
     bare = tmp_path / "bare.gguf"
     write_model(bare, HP, "f16")
-    run = subprocess.run([_exe(), "speak", str(bare), "--tokenizer",
+    run = subprocess.run([s2core_executable(), "speak", str(bare), "--tokenizer",
                           str(assets / "tokenizer.json"), "--text", "Hi.", "--wav",
                           str(tmp_path / "x.wav"), "--backend", "numpy"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "holds no audio codec" in run.stderr
     # the codec can come from its own file instead
-    run = subprocess.run([_exe(), "speak", str(bare), "--tokenizer",
+    run = subprocess.run([s2core_executable(), "speak", str(bare), "--tokenizer",
                           str(assets / "tokenizer.json"), "--text", "Hi.", "--wav",
                           str(tmp_path / "x.wav"), "--codec", str(assets / "model.gguf"),
                           "--max-new-tokens", "2", "--min-tokens-before-end", "2",

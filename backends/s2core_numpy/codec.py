@@ -15,13 +15,13 @@ K/V of the last window - 1 frames and the next RoPE position: a frame costs the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from s2core.codec.backend import CodecBackend, CodecCapabilities
 from s2core.codec.file import CodecFile
+from s2core.codec.streaming import DecodeState, HistoryPass
 from s2core.codec.layout import (Conv, ConvNeXt, ConvTranspose, ResidualUnit,
                                  Transformer)
 
@@ -167,35 +167,17 @@ class DepthwiseOp:
 
 
 # ---------------------------------------------------------------------- streaming state
-@dataclass(frozen=True)
-class DecodeState:
-    """What the next push needs from the past; never modified (a push returns a new one)."""
+class _Pass(HistoryPass):
+    """One push; time runs down the rows ([L, C])."""
 
-    #: frames decoded so far: the RoPE position of the next one
-    position: int
-    #: the last input rows of each causal op, by op name (absent = zeros, a fresh stream)
-    history: dict
-    #: post_module K/V per layer: ([n_kv, <= window - 1, hd], same) after RoPE
-    kv: tuple
+    def zeros(self, x: np.ndarray, rows: int) -> np.ndarray:
+        return np.zeros((rows, x.shape[1]), F32)
 
+    def join(self, before: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return np.concatenate([before, x])
 
-class _Pass:
-    """One push: reads the old histories, collects the new ones."""
-
-    def __init__(self, state: DecodeState):
-        self.old = state.history
-        self.new: dict[str, np.ndarray] = {}
-
-    def extend(self, name: str, x: np.ndarray, rows: int) -> np.ndarray:
-        """x with the `rows` inputs before it on top; remembers the last `rows` for next time."""
-        if rows == 0:
-            return x
-        hist = self.old.get(name)
-        if hist is None:
-            hist = np.zeros((rows, x.shape[1]), F32)
-        xh = np.concatenate([hist, x])
-        self.new[name] = xh[xh.shape[0] - rows:].copy()
-        return xh
+    def last(self, x: np.ndarray, rows: int) -> np.ndarray:
+        return x[x.shape[0] - rows:].copy()
 
 
 # ---------------------------------------------------------------------- modules
@@ -348,7 +330,7 @@ class NumpyCodec(CodecBackend):
 
     # ------------------------------------------------------------------ decode
     def begin_stream(self) -> DecodeState:
-        return DecodeState(position=0, history={}, kv=())
+        return DecodeState.fresh()
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """One-shot: pushes of DECODE_CHUNK_FRAMES frames from a fresh state (exact), so the
@@ -376,7 +358,7 @@ class NumpyCodec(CodecBackend):
                 x = u(x, p)
         x = self.conv_out(p.extend("conv_out", self.snake_out(x), self.conv_out.history))
         audio = np.tanh(x[:, 0])
-        return audio, DecodeState(state.position + codes.shape[1], p.new, kv)
+        return audio, p.state(state.position + codes.shape[1], kv)
 
     # ------------------------------------------------------------------ encode
     def encode(self, audio: np.ndarray) -> np.ndarray:
@@ -422,7 +404,7 @@ class _Encoder:
                                     np.zeros((right, x.shape[1]), F32)]))
 
     def __call__(self, audio: np.ndarray) -> np.ndarray:
-        p = _Pass(DecodeState(0, {}, ()))  # a fresh pass: zero history on every stride-1 conv
+        p = _Pass(DecodeState.fresh())  # a fresh pass: zero history on every stride-1 conv
         x = self._strided(self.conv_in, audio.reshape(-1, 1))
         for units, snake, conv, tf in self.blocks:
             for u in units:

@@ -16,7 +16,6 @@ codec declares float32 compute. CUDA is written the same way but untested here (
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 
 from s2core.codec.backend import CodecBackend, CodecCapabilities
 from s2core.codec.file import CodecFile
+from s2core.codec.streaming import DecodeState, HistoryPass
 from s2core.codec.layout import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
 
 from .options import _resolve_device
@@ -37,32 +37,17 @@ DECODE_CHUNK_FRAMES = {"cpu": 64, "cuda": 1024}
 ATTENTION_BLOCK = 512
 
 
-@dataclass(frozen=True)
-class DecodeState:
-    """What the next push needs from the past; a push returns a new one."""
+class _Pass(HistoryPass):
+    """One push; time runs along the last axis ([1, C, L])."""
 
-    position: int
-    history: dict
-    kv: tuple
+    def zeros(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        return x.new_zeros((1, x.shape[1], rows))
 
+    def join(self, before: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([before, x], dim=2)
 
-class _Pass:
-    """One push: reads the old histories, collects the new ones."""
-
-    def __init__(self, state: DecodeState):
-        self.old = state.history
-        self.new: dict[str, torch.Tensor] = {}
-
-    def extend(self, name: str, x: torch.Tensor, rows: int) -> torch.Tensor:
-        """x [1, C, L] with the `rows` inputs before it on the left; keeps the last `rows`."""
-        if rows == 0:
-            return x
-        hist = self.old.get(name)
-        if hist is None:
-            hist = x.new_zeros((1, x.shape[1], rows))
-        xh = torch.cat([hist, x], dim=2)
-        self.new[name] = xh[:, :, xh.shape[2] - rows:].clone()
-        return xh
+    def last(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        return x[:, :, x.shape[2] - rows:].clone()
 
 
 class _Weights:
@@ -268,7 +253,7 @@ class TorchCodec(CodecBackend):
 
     # ------------------------------------------------------------------ decode
     def begin_stream(self) -> DecodeState:
-        return DecodeState(0, {}, ())
+        return DecodeState.fresh()
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         chunk = DECODE_CHUNK_FRAMES[self.device.type]
@@ -295,7 +280,7 @@ class TorchCodec(CodecBackend):
                     x = u(x, p)
             x = self.conv_out(p.extend("conv_out", self.snake_out(x), self.conv_out.history))
             audio = torch.tanh(x[0, 0]).cpu().numpy()
-        return audio, DecodeState(state.position + codes.shape[1], p.new, kv)
+        return audio, p.state(state.position + codes.shape[1], kv)
 
     # ------------------------------------------------------------------ encode
     @torch.inference_mode()
@@ -336,7 +321,7 @@ class _Encoder:
         return conv(F.pad(x, (ke - s, right)))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        p = _Pass(DecodeState(0, {}, ()))  # fresh: zero history before every stride-1 conv
+        p = _Pass(DecodeState.fresh())  # fresh: zero history before every stride-1 conv
         x = self._strided(self.conv_in, x)
         for units, snake_op, conv, tf in self.blocks:
             for u in units:

@@ -111,8 +111,8 @@ class CodecFile:
         if not has_keys and not has_tensors:
             raise ModelFileError(
                 f"{self.path}: holds no audio codec (no {KEY_PREFIX}* keys, no "
-                f"{self.prefix or 'codec '}tensors); use a GGUF that carries one, or a "
-                "codec-only file")
+                f"{self.prefix + '* ' if self.prefix else ''}tensors); use a GGUF that carries "
+                "one, or a codec-only file")
 
     def _stored(self, name: str) -> StoredTensor | None:
         return self._source.tensors.get(self.prefix + name)

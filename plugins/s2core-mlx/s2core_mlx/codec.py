@@ -11,7 +11,6 @@ one-shot samples at a flat cost per frame.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -19,6 +18,7 @@ import mlx.nn as nn
 import numpy as np
 from s2core.codec.backend import CodecBackend, CodecCapabilities
 from s2core.codec.file import CodecFile
+from s2core.codec.streaming import DecodeState, HistoryPass
 from s2core.codec.layout import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
 
 from .plugin import is_apple_silicon, mlx_codec_capabilities
@@ -27,28 +27,17 @@ from .plugin import is_apple_silicon, mlx_codec_capabilities
 DECODE_CHUNK_FRAMES = 64
 
 
-@dataclass(frozen=True)
-class DecodeState:
-    position: int
-    history: dict
-    kv: tuple
+class _Pass(HistoryPass):
+    """One push; time runs along axis 1 ([1, L, C])."""
 
+    def zeros(self, x: mx.array, rows: int) -> mx.array:
+        return mx.zeros((1, rows, x.shape[2]), dtype=x.dtype)
 
-class _Pass:
-    def __init__(self, state: DecodeState):
-        self.old = state.history
-        self.new: dict[str, mx.array] = {}
+    def join(self, before: mx.array, x: mx.array) -> mx.array:
+        return mx.concatenate([before, x], axis=1)
 
-    def extend(self, name: str, x: mx.array, rows: int) -> mx.array:
-        """x [1, L, C] with the `rows` inputs before it on top; keeps the last `rows`."""
-        if rows == 0:
-            return x
-        hist = self.old.get(name)
-        if hist is None:
-            hist = mx.zeros((1, rows, x.shape[2]), dtype=x.dtype)
-        xh = mx.concatenate([hist, x], axis=1)
-        self.new[name] = xh[:, xh.shape[1] - rows:]
-        return xh
+    def last(self, x: mx.array, rows: int) -> mx.array:
+        return x[:, x.shape[1] - rows:]  # MLX arrays are immutable: a slice cannot change
 
 
 class _Weights:
@@ -203,7 +192,7 @@ class MlxCodec(CodecBackend):
         return self._caps
 
     def begin_stream(self) -> DecodeState:
-        return DecodeState(0, {}, ())
+        return DecodeState.fresh()
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         state, parts = self.begin_stream(), []
@@ -228,7 +217,7 @@ class MlxCodec(CodecBackend):
         x = self.conv_out(p.extend("conv_out", self.snake_out(x), self.conv_out.history))
         audio = mx.tanh(x[0, :, 0])
         mx.eval(audio, p.new, kv)  # the state is materialised: a later push reads no graph
-        return np.array(audio, dtype=np.float32), DecodeState(state.position + codes.shape[1], p.new, kv)
+        return np.array(audio, dtype=np.float32), p.state(state.position + codes.shape[1], kv)
 
     def encode(self, audio: np.ndarray) -> np.ndarray:
         if self._encoder is None:
@@ -265,7 +254,7 @@ class _Encoder:
         return conv(mx.pad(x, [(0, 0), (ke - s, right), (0, 0)]))
 
     def __call__(self, x: mx.array) -> mx.array:
-        p = _Pass(DecodeState(0, {}, ()))
+        p = _Pass(DecodeState.fresh())
         x = self._strided(self.conv_in, x)
         for units, snake_op, conv, tf in self.blocks:
             for u in units:
