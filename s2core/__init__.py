@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from .backend import Backend, Capabilities
 from .codec import Codec, CodecBackend, CodecCapabilities, StreamDecoder
-from .errors import (BackendRegistryError, BackendUnavailableError, CacheNotInitializedError,
-                     CacheOverflowError, FileFormatError, InvalidInputError, InvalidTokensError,
+from .errors import (BackendRegistryError, BackendUnavailableError, CacheAllocationError,
+                     CacheNotInitializedError, CacheOverflowError, ModelBusyError,
+                     ModelClosedError, FileFormatError, InvalidInputError, InvalidTokensError,
                      ModelFileError, PrefixFileError, PrefixMismatchError, S2CoreError,
                      TokenizerError, VoiceFileError)
 from .gguf_file import ModelFile
@@ -33,7 +34,8 @@ __all__ = [
     "load", "list_backends", "default_backend", "SlowARModel", "Result", "Backend",
     "Capabilities", "EvalBatch", "Hparams", "FastHparams", "ModelFile", "BackendInfo",
     "S2CoreError", "InvalidInputError", "InvalidTokensError", "CacheOverflowError",
-    "CacheNotInitializedError", "ModelFileError", "BackendUnavailableError",
+    "CacheNotInitializedError", "CacheAllocationError", "ModelBusyError", "ModelClosedError",
+    "ModelFileError", "BackendUnavailableError",
     "BackendRegistryError", "__version__", "KVPrefix", "ModelIdentity", "Tokenizer",
     "PrefixMismatchError", "FileFormatError", "PrefixFileError", "VoiceFileError",
     "TokenizerError",

@@ -21,6 +21,7 @@ from .codec.backend import CodecCapabilities
 from .errors import InvalidInputError
 from .gguf_file import ModelFile
 from .inputs import EvalBatch
+from .memory import host_memory_bytes
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
 COMPUTE_DTYPES = ("f32", "f16", "bf16")
@@ -180,7 +181,16 @@ class Backend(ABC):
     # ---------------------------------------------------------------- KV cache
     @abstractmethod
     def allocate_kv_cache(self, max_seq_len: int) -> None:
-        """Allocate K and V, [n_layer, max_seq_len, n_head_kv, head_dim] each, zero-filled."""
+        """Allocate K and V, [n_layer, max_seq_len, n_head_kv, head_dim] each, zero-filled,
+        replacing any cache held. If it raises, the previous cache must still be held,
+        unchanged: build the new one before dropping the old."""
+
+    def kv_cache_limit_bytes(self) -> int | None:
+        """The largest cache, in held bytes (memory.backend_kv_cache_bytes), this backend can
+        allocate now; the core refuses a larger init_kv_cache before calling
+        allocate_kv_cache. None: no limit known. The default is the host's RAM plus swap;
+        a backend whose allocator touches every page, or runs on a device, says less."""
+        return host_memory_bytes()
 
     def reset_kv_cache(self) -> None:
         """Called by reset(). Rows at or past n_past are never read, so nothing need happen."""
@@ -295,8 +305,11 @@ class Backend(ABC):
         return np.asarray(x, dtype=np.float32)
 
     def close(self) -> None:
-        """Release everything; the default frees the cache."""
+        """Release everything: the cache, then every weight (the default drops every attribute
+        of the instance, so nothing keeps the file's memory map alive). Called once; only
+        `to_numpy` (on results made before) and `name` are used afterwards."""
         self.free_kv_cache()
+        vars(self).clear()
 
 
 def check_option(option: str, value: Any, choices: tuple[Any, ...]) -> Any:

@@ -19,7 +19,8 @@ calls must not be used until `free_slots()`.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -28,6 +29,22 @@ from .errors import CacheNotInitializedError, CacheOverflowError, InvalidInputEr
 from .model import Result, SlowARModel
 
 __all__ = ["BatchedModel"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(method: F) -> F:
+    """Run a BatchedModel method under its model's guard (s2core/guard.py): calls from
+    several threads take turns with each other and with the model's own, a stream holding the
+    model makes them raise ModelBusyError, and a closed model ModelClosedError."""
+    what = f"BatchedModel.{method.__name__}()"
+    allow_closed = method.__name__ in ("free_slots", "close")
+
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        with self.model._guard.call(what, allow_closed=allow_closed):
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 class _FastBatchSession:
@@ -76,9 +93,11 @@ class BatchedModel:
         """Each slot's capacity in positions, or None when no slots are allocated."""
         return self._max_seq_len
 
+    @_guarded
     def n_past(self, slot: int) -> int:
         return self._n_past[self._check_slot(slot)]
 
+    @_guarded
     def init_slots(self, n_slots: int, max_seq_len: int) -> None:
         """Allocate n_slots zeroed caches of max_seq_len positions; every n_past = 0."""
         for name, value in (("n_slots", n_slots), ("max_seq_len", max_seq_len)):
@@ -101,23 +120,28 @@ class BatchedModel:
         self._n_past = [0] * n_slots
         self._rows = [[] for _ in range(n_slots)]
 
+    @_guarded
     def reset_slot(self, slot: int) -> None:
         """The slot starts a new sequence (n_past = 0); its rows are overwritten as it goes."""
         slot = self._check_slot(slot)
         self._n_past[slot] = 0
         self._rows[slot] = []
 
+    @_guarded
     def free_slots(self) -> None:
-        """Release the slots' memory (allowed at any time)."""
-        self.backend.free_kv_slots()
+        """Release the slots' memory (allowed at any time; a closed model has none)."""
+        if not self.model.closed:
+            self.backend.free_kv_slots()
         self._max_seq_len = None
         self._n_past, self._rows, self._fast = [], [], None
 
+    @_guarded
     def kv_slot_snapshot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the slot's K and V for positions < its n_past (as kv_cache_snapshot)."""
         slot = self._check_slot(slot)
         return self.backend.read_kv_slot(slot, self._n_past[slot])
 
+    @_guarded
     def token_rows(self, slot: int) -> np.ndarray:
         slot = self._check_slot(slot)
         rows = self._rows[slot]
@@ -126,6 +150,7 @@ class BatchedModel:
         return np.concatenate(rows)[:self._n_past[slot]]
 
     # ------------------------------------------------------------------ compute
+    @_guarded
     def eval(self, requests: Sequence[tuple[int, Any]]) -> list[Result]:
         """One backend call over (slot, token rows) pairs with distinct slots: each slot's rows
         continue its sequence. Returns the Result of each pair's last position, in order."""
@@ -141,6 +166,7 @@ class BatchedModel:
             results.append(Result(hidden, logits, batch.n_tokens, self.backend))
         return results
 
+    @_guarded
     def fast_decode(self, hiddens: Any, prefix_codes: Any) -> np.ndarray:
         """Fast-AR logits (B, codebook_size) of B sequences: row b is
         model.fast_decode(hiddens[b], prefix_codes[b]). Every row has the same number of codes
@@ -171,6 +197,7 @@ class BatchedModel:
         return logits
 
     # ------------------------------------------------------------------ voice prefix
+    @_guarded
     def restore_prefix(self, slot: int, prefix: Any) -> str:
         """The slot's positions [0, n) become the prefix's, n_past = n (the model's
         restore_prefix for one slot): "written" or "recomputed" (prefilled again)."""
@@ -183,6 +210,7 @@ class BatchedModel:
         self.write_prefix_kv(slot, prefix, prefix.k, prefix.v)
         return "written"
 
+    @_guarded
     def write_prefix_kv(self, slot: int, prefix: Any, k: np.ndarray, v: np.ndarray) -> None:
         """restore_prefix with the prefix's float32 K/V already converted (a server converts
         them once and writes them into every slot that starts with the voice). The caller has
@@ -271,6 +299,7 @@ class BatchedModel:
         return arr.astype(np.int64)
 
     # ------------------------------------------------------------------ life cycle
+    @_guarded
     def close(self) -> None:
         self.free_slots()
 

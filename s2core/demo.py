@@ -83,9 +83,7 @@ def demo_assets(weight_type: str = "f16", seed: int = 0) -> tuple[Path, Path, bo
 def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f16",
              seed: int = 0, out=None, export: str | Path | None = None,
              wav: str | Path = DEMO_WAV) -> DemoReport | None:
-    # sys.stdout looked up per call: a default bound at import keeps whatever stream was
-    # current then (a test's capture, closed later)
-    out = sys.stdout if out is None else out
+    out = sys.stdout if out is None else out  # at call time: a test may have swapped it
     hp = demo_hparams()
     path, tok_path, from_cache, write_s = demo_assets(weight_type, seed)
     if export is not None:

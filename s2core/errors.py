@@ -31,6 +31,21 @@ class CacheNotInitializedError(S2CoreError, RuntimeError):
     """An eval was asked for before init_kv_cache() (or after clear_kv_cache())."""
 
 
+class CacheAllocationError(S2CoreError, MemoryError):
+    """init_kv_cache could not allocate the cache it was asked for (more bytes than the
+    backend's memory holds, or the allocation itself failed). The message names the sizes; the
+    model keeps its previous cache and n_past."""
+
+
+class ModelClosedError(S2CoreError, RuntimeError):
+    """A call on a model after close(): its file and weights are released."""
+
+
+class ModelBusyError(S2CoreError, RuntimeError):
+    """Another thread's streaming generation holds the model: a call from this thread would
+    interleave with it. Finish or close() the stream, or use one model per thread."""
+
+
 class ModelFileError(S2CoreError, ValueError):
     """A GGUF file that is not a valid S2 Pro model: not a regular file, truncated, a count
     or offset out of bounds, metadata of the wrong type, unusable hparams, a missing tensor,

@@ -163,6 +163,7 @@ def check_prompt(model: SlowARModel, prompt: Any, config: GenerationConfig,
     if not isinstance(model, SlowARModel):
         raise InvalidInputError("model", f"model must be an s2core model (s2core.load), got "
                                 f"{type(model).__name__}")
+    model._guard.check("generate()")  # open, and not held by another thread's stream
     if not isinstance(config, GenerationConfig):
         raise InvalidInputError("config", f"config must be a GenerationConfig, got "
                                 f"{type(config).__name__}")
@@ -231,57 +232,62 @@ def _frames(model: SlowARModel, prompt: np.ndarray, config: GenerationConfig,
         stats.sample_s += time.perf_counter() - t
         return token
 
-    model.init_kv_cache(len(prompt) + config.max_new_tokens)
-    try:
-        rest = prompt
-        if prefix is not None:
-            t = time.perf_counter()
-            stats.prefix_recomputed = not model.restore_prefix(prefix)
-            stats.restore_s = time.perf_counter() - t
-            stats.restored_positions = prefix.n_positions
-            rest = prompt[prefix.n_positions:]
-        t = time.perf_counter()
-        result = model.prefill_fast(rest)
-        logits = result.logits
-        stats.prefill_s = time.perf_counter() - t
-        stats.prefilled_positions = len(rest)
-        main = sample_main(logits, 0)
-        frames = 0
-        stats.stopped_by = "closed"
-        while main != config.im_end_id and frames < config.max_new_tokens:
-            # RAS: a semantic token already in the window is resampled (s2.cpp's check order).
-            if (config.ras_window and main in window
-                    and hp.semantic_begin_id <= main <= hp.semantic_end_id):
+    # The stream holds the model from its first frame to its end, across its yields:
+    # another thread's call in between raises ModelBusyError (s2core/guard.py).
+    with model._guard.lease("a stream") as lease:
+        model.init_kv_cache(len(prompt) + config.max_new_tokens)
+        try:
+            rest = prompt
+            if prefix is not None:
                 t = time.perf_counter()
-                main = main_sampler(logits, frames < config.min_tokens_before_end, ras_s, rng)
-                stats.sample_s += time.perf_counter() - t
-            if config.ras_window:
-                window.append(main)
-                del window[:-config.ras_window]
+                stats.prefix_recomputed = not model.restore_prefix(prefix)
+                stats.restore_s = time.perf_counter() - t
+                stats.restored_positions = prefix.n_positions
+                rest = prompt[prefix.n_positions:]
             t = time.perf_counter()
-            codes = [min(max(main - hp.semantic_begin_id, 0), hp.codebook_size - 1)]
-            for _ in range(1, hp.num_codebooks):
-                fast_logits = model.fast_decode(result.hidden_native, codes)
-                codes.append(int(draw(candidates(_finite(fast_logits), code_s.top_p,
-                                                 code_s.top_k), code_s.temperature, rng)))
-            stats.fast_decode_s.append(time.perf_counter() - t)
-            frame = np.asarray(codes, dtype=np.int64)
-            frames += 1
-            stats.frames = frames
-            if stats.first_frame_s is None:
-                stats.first_frame_s = time.perf_counter() - t_start
-            yield frame
-            if frames == config.max_new_tokens:
-                break  # s2.cpp steps once more and discards the result: nothing to gain
-            t = time.perf_counter()
-            result = model.step(np.concatenate([[main], frame]))
+            result = model.prefill_fast(rest)
             logits = result.logits
-            stats.step_s.append(time.perf_counter() - t)
-            main = sample_main(logits, frames)
-        stats.stopped_by = "im_end" if main == config.im_end_id else "max_new_tokens"
-    finally:
-        model.clear_kv_cache()
-        stats.total_s = time.perf_counter() - t_start
+            stats.prefill_s = time.perf_counter() - t
+            stats.prefilled_positions = len(rest)
+            main = sample_main(logits, 0)
+            frames = 0
+            stats.stopped_by = "closed"
+            while main != config.im_end_id and frames < config.max_new_tokens:
+                # RAS: a semantic token already in the window is resampled (s2.cpp's check order).
+                if (config.ras_window and main in window
+                        and hp.semantic_begin_id <= main <= hp.semantic_end_id):
+                    t = time.perf_counter()
+                    main = main_sampler(logits, frames < config.min_tokens_before_end, ras_s, rng)
+                    stats.sample_s += time.perf_counter() - t
+                if config.ras_window:
+                    window.append(main)
+                    del window[:-config.ras_window]
+                t = time.perf_counter()
+                codes = [min(max(main - hp.semantic_begin_id, 0), hp.codebook_size - 1)]
+                for _ in range(1, hp.num_codebooks):
+                    fast_logits = model.fast_decode(result.hidden_native, codes)
+                    codes.append(int(draw(candidates(_finite(fast_logits), code_s.top_p,
+                                                     code_s.top_k), code_s.temperature, rng)))
+                stats.fast_decode_s.append(time.perf_counter() - t)
+                frame = np.asarray(codes, dtype=np.int64)
+                frames += 1
+                stats.frames = frames
+                if stats.first_frame_s is None:
+                    stats.first_frame_s = time.perf_counter() - t_start
+                yield frame
+                lease.claim()  # the caller may resume the stream from another thread
+                if frames == config.max_new_tokens:
+                    break  # s2.cpp steps once more and discards the result: nothing to gain
+                t = time.perf_counter()
+                result = model.step(np.concatenate([[main], frame]))
+                logits = result.logits
+                stats.step_s.append(time.perf_counter() - t)
+                main = sample_main(logits, frames)
+            stats.stopped_by = "im_end" if main == config.im_end_id else "max_new_tokens"
+        finally:
+            lease.claim()  # closed or collected, maybe from another thread
+            model.clear_kv_cache()
+            stats.total_s = time.perf_counter() - t_start
 
 
 def _finite(logits: np.ndarray) -> np.ndarray:

@@ -26,11 +26,13 @@ builds the Slow-AR's checks on top; the codec reader can build its own the same 
 
 from __future__ import annotations
 
+import gc
 import math
 import mmap
 import os
 import stat
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -441,12 +443,21 @@ class GGUFFile:
         if end > start:
             self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
-    def close(self) -> None:
-        """Unmap the file; with views still alive the OS unmaps it when the last one goes."""
+    def close(self) -> bool:
+        """Unmap the file. Views of it that are still alive (arrays from tensor_data) keep the
+        mapping until the last one goes: then False, and a ResourceWarning says so."""
         try:
             self._mmap.close()
         except BufferError:
-            pass
+            gc.collect()  # views kept only by reference cycles go now
+            try:
+                self._mmap.close()
+            except BufferError:
+                warnings.warn(f"{self.path} stays mapped: arrays viewing its tensor data are "
+                              "still alive (it is unmapped when the last one goes)",
+                              ResourceWarning, stacklevel=3)
+                return False
+        return True
 
     def __repr__(self) -> str:
         return (f"GGUFFile({str(self.path)!r}, version={self.version}, "

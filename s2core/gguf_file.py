@@ -200,10 +200,11 @@ class ModelFile:
         return np.asarray(gguf.quants.dequantize(data[rows], self._tensors[name].type),
                           dtype=dtype)
 
-    def close(self) -> None:
-        """Drop the memory map (the backend must already hold its own copies)."""
+    def close(self) -> bool:
+        """Drop the memory map (the backend must already hold its own copies); False when
+        views of it are still alive (see GGUFFile.close)."""
         self._tensors = {}
-        self.container.close()
+        return self.container.close()
 
     def __repr__(self) -> str:
         return f"ModelFile({str(self.path)!r}, n_layer={self.hparams.n_layer})"

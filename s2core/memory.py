@@ -7,11 +7,15 @@ file can need 20 GB on a backend that computes from float32 copies. These estima
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .backend import Capabilities
-from .gguf_file import ModelFile, TensorInfo
 from .hparams import Hparams
+
+if TYPE_CHECKING:  # (memory is imported by backend.py: no import cycle at run time)
+    from .backend import Capabilities
+    from .gguf_file import ModelFile, TensorInfo
 
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 
@@ -21,7 +25,7 @@ def kv_cache_bytes(hp: Hparams, n_positions: int, dtype: str = "f16") -> int:
     return 2 * hp.n_layer * n_positions * hp.n_head_kv * hp.head_dim * DTYPE_BYTES[dtype]
 
 
-def backend_kv_cache_bytes(hp: Hparams, n_positions: int, caps: Capabilities) -> int:
+def backend_kv_cache_bytes(hp: Hparams, n_positions: int, caps: "Capabilities") -> int:
     """The cache as a backend holds it (its storage type may be wider than its values)."""
     return kv_cache_bytes(hp, n_positions, caps.kv_cache_held_dtype)
 
@@ -59,7 +63,45 @@ def resident_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
     return sum(held_bytes(t, caps) for t in model_file.model_tensors())
 
 
-def copied_weight_bytes(model_file: ModelFile, caps: Capabilities) -> int:
+def copied_weight_bytes(model_file: "ModelFile", caps: "Capabilities") -> int:
     """Of those, the bytes the backend copies at load (all but the tensors it maps in place)."""
     return resident_weight_bytes(model_file, caps) - sum(
         t.n_bytes for t in model_file.model_tensors() if t.type_name in caps.mapped_weight_types)
+
+
+def describe_bytes(n: int) -> str:
+    """Bytes for a message: '1.50 GiB (1610612736 bytes)'."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (Linux); empty elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            return {k: int(v.split()[0]) * 1024 for k, v in
+                    (line.split(":", 1) for line in f if ":" in line) if v.split()}
+    except (OSError, ValueError):
+        return {}
+
+
+def host_memory_bytes() -> int | None:
+    """RAM plus swap of this machine (None when unknown): no allocation beyond it can work."""
+    info = _meminfo()
+    if "MemTotal" in info:
+        return info["MemTotal"] + info.get("SwapTotal", 0)
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def available_host_memory_bytes() -> int | None:
+    """Memory this process can fill now without the system running out (None when unknown):
+    the limit for allocators that touch every page at once."""
+    info = _meminfo()
+    if "MemAvailable" in info:
+        return info["MemAvailable"] + info.get("SwapFree", 0)
+    return host_memory_bytes()

@@ -2,12 +2,13 @@
 
 prefill(), prefill_fast() and step() all end in one eval_cached(); the backend behind it does
 the math. Every check runs before anything changes, and n_past advances only after success,
-so a failed call leaves the model exactly as it was.
+so a failed call leaves the model exactly as it was. Every public method runs under the
+model's guard (s2core/guard.py): calls from several threads take turns, a stream holds the
+model against other threads, and a closed model refuses every call.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,11 +16,13 @@ import numpy as np
 from . import inputs
 from .backend import Backend, Capabilities
 from .chunking import chunk_bounds, prefill_chunk_size
-from .errors import (CacheNotInitializedError, CacheOverflowError, InvalidInputError,
-                     PrefixMismatchError, S2CoreError)
+from .errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
+                     InvalidInputError, PrefixMismatchError, S2CoreError)
 from .gguf_file import ModelFile
+from .guard import ModelGuard, guarded
 from .hparams import Hparams
 from .inputs import EvalBatch
+from .memory import backend_kv_cache_bytes, describe_bytes
 
 if TYPE_CHECKING:
     from .prefix import KVPrefix, ModelIdentity
@@ -60,24 +63,22 @@ class Result:
 
 
 class _FastSession:
-    """The Fast-AR sequence the last fast_decode call left: its hidden, codes and the
-    backend's state (K/V of those positions), so the next call of the frame only appends."""
+    """The Fast-AR sequence the last fast_decode call left: the values of its hidden, its
+    codes and the backend's state (K/V of those positions), so the next call of the frame
+    only appends."""
 
-    def __init__(self, hidden: Any, state: Any):
-        # numpy input is copied (the caller may reuse its array); native arrays are immutable
-        # results of this backend, compared by identity
-        self.hidden = hidden.copy() if isinstance(hidden, np.ndarray) else hidden
+    def __init__(self, hidden_values: np.ndarray, state: Any):
+        # a copy of the values: the caller may change its array (numpy or native) in place
+        self.hidden = np.array(hidden_values, dtype=np.float32, copy=True)
         self.codes = np.zeros(0, dtype=np.int64)
         self.state = state
 
-    def continues(self, hidden: Any, codes: np.ndarray) -> bool:
-        """`codes` strictly extends this sequence's codes, for the same hidden."""
+    def continues(self, hidden_values: np.ndarray, codes: np.ndarray) -> bool:
+        """`codes` strictly extends this sequence's codes, for a hidden of the same values."""
         n = len(self.codes)
         if len(codes) <= n or not np.array_equal(codes[:n], self.codes):
             return False
-        if isinstance(self.hidden, np.ndarray):
-            return isinstance(hidden, np.ndarray) and np.array_equal(hidden, self.hidden)
-        return hidden is self.hidden
+        return np.array_equal(hidden_values, self.hidden)
 
 
 class SlowARModel:
@@ -87,6 +88,9 @@ class SlowARModel:
         self.model_file = model_file
         self.backend = backend
         self.hparams: Hparams = model_file.hparams
+        self._capabilities = backend.capabilities  # frozen; still readable after close()
+        self._guard = ModelGuard(lambda: str(model_file.path))
+        self._identity: "ModelIdentity | None" = None
         self._n_past = 0
         self._max_seq_len: int | None = None
         self._fast: _FastSession | None = None
@@ -106,10 +110,19 @@ class SlowARModel:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.backend.capabilities
+        return self._capabilities
 
+    @property
+    def closed(self) -> bool:
+        return self._guard.closed
+
+    @guarded
     def init_kv_cache(self, max_seq_len: int) -> None:
-        """Allocate a zeroed cache for one synthesis (prompt + max new tokens); n_past = 0."""
+        """Allocate a zeroed cache for one synthesis (prompt + max new tokens); n_past = 0.
+
+        A cache larger than the backend can hold raises CacheAllocationError before anything
+        is allocated, as does an allocation that fails; either way the previous cache, n_past
+        and its contents stay as they were."""
         if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, (int, np.integer)):
             raise InvalidInputError("max_seq_len_type", f"max_seq_len must be an int, got {max_seq_len!r}")
         max_seq_len = int(max_seq_len)
@@ -117,13 +130,34 @@ class SlowARModel:
         if not 0 < max_seq_len <= ctx:
             raise InvalidInputError(
                 "max_seq_len_range", f"max_seq_len must be in [1, context_length={ctx}], got {max_seq_len}")
-        self.backend.free_kv_cache()
-        self._max_seq_len = None
-        self.backend.allocate_kv_cache(max_seq_len)
+        need = backend_kv_cache_bytes(self.hparams, max_seq_len, self.capabilities)
+        limit = self.backend.kv_cache_limit_bytes()
+        if limit is not None and need > limit:
+            raise CacheAllocationError(self._allocation_message(
+                max_seq_len, need, f"more than the {describe_bytes(limit)} backend "
+                f"{self.backend.name!r} can allocate here"))
+        try:
+            self.backend.allocate_kv_cache(max_seq_len)  # keeps the old cache if it raises
+        except S2CoreError:
+            raise
+        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+            raise CacheAllocationError(self._allocation_message(
+                max_seq_len, need, f"the allocation failed: {type(exc).__name__}: "
+                f"{str(exc)[:300]}")) from exc
         self._max_seq_len = max_seq_len
         self._n_past = 0
         self._rows = []
 
+    def _allocation_message(self, max_seq_len: int, need: int, why: str) -> str:
+        hp, held = self.hparams, self.capabilities.kv_cache_held_dtype
+        kept = ("no cache was allocated before" if self._max_seq_len is None else
+                f"the previous cache (max_seq_len={self._max_seq_len}, n_past={self._n_past}) "
+                "is kept")
+        return (f"init_kv_cache({max_seq_len}): K and V of {hp.n_layer} layers x {max_seq_len} "
+                f"positions x {hp.n_head_kv} KV heads x {hp.head_dim} in {held} take "
+                f"{describe_bytes(need)}, {why}; {kept}")
+
+    @guarded
     def reset(self) -> None:
         """n_past = 0; the allocation stays for the next synthesis of the same size."""
         self._require_cache()
@@ -132,18 +166,26 @@ class SlowARModel:
         self._rows = []
 
     def clear_kv_cache(self) -> None:
-        """Free the cache at the end of a synthesis (repeated syntheses do not grow memory)."""
+        """Free the cache at the end of a synthesis (repeated syntheses do not grow memory).
+        On a closed model there is nothing to free: a no-op."""
+        with self._guard.call("clear_kv_cache()", allow_closed=True):
+            if not self.closed:
+                self._clear()
+
+    def _clear(self) -> None:
         self.backend.free_kv_cache()
         self._max_seq_len = None
         self._n_past = 0
         self._rows = []
 
+    @guarded
     def kv_cache_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of K and V for positions < n_past, float32 [n_layer, n_past, n_head_kv, head_dim]."""
         self._require_cache()
         return self.backend.read_kv_cache(self._n_past)
 
     # ------------------------------------------------------------------ compute
+    @guarded
     def prefill(self, tokens: Any, n_tokens: int | None = None,
                 chunk_size: int | None = None) -> Result:
         """Prompt prefill, chunked as SPEC section 4 decides (or by `chunk_size`)."""
@@ -160,23 +202,28 @@ class SlowARModel:
             raise
         return Result(result.hidden_native, result.logits_native, batch.n_tokens, self.backend)
 
+    @guarded
     def prefill_fast(self, tokens: Any, n_tokens: int | None = None) -> Result:
         """Direct evaluation of the whole prompt in one call (never chunked)."""
         return self.eval_cached(tokens, n_tokens)
 
+    @guarded
     def step(self, frame: Any) -> Result:
         """One generation frame: [semantic id, code_0 .. code_{C-1}]."""
         mat = inputs.frame_matrix(frame, self.hparams)
         return self._run(self._batch_from_matrix(mat))
 
+    @guarded
     def eval_cached(self, tokens: Any, n_tokens: int | None = None) -> Result:
         """The one compute path: validate, evaluate all positions in one backend call."""
         return self._run(self._prepare(tokens, n_tokens))
 
+    @guarded
     def fast_decode(self, hidden: Any, prefix_codes: Any = ()) -> np.ndarray:
         """Fast-AR logits (codebook_size,) for the next code given the codes so far."""
         return self.backend.to_numpy(self.fast_decode_native(hidden, prefix_codes))
 
+    @guarded
     def fast_decode_native(self, hidden: Any, prefix_codes: Any = ()) -> Any:
         """fast_decode returning the backend's native array (no host copy)."""
         if self.hparams.fast is None:
@@ -192,9 +239,10 @@ class SlowARModel:
         """Append only the new codes when this call extends the previous one (the calls of
         one frame); otherwise start over from the hidden state. Same numbers either way."""
         session, self._fast = self._fast, None  # stays dropped if the backend raises midway
-        if session is None or not session.continues(hidden, codes):
+        values = hidden if isinstance(hidden, np.ndarray) else self.backend.to_numpy(hidden)
+        if session is None or not session.continues(values, codes):
             state, logits = self.backend.fast_begin(hidden)
-            session = _FastSession(hidden, state)
+            session = _FastSession(values, state)
             if len(codes) == 0:
                 self._fast = session
                 return logits
@@ -234,6 +282,7 @@ class SlowARModel:
         rows = self.token_rows()[:n]
         self._rows = [rows] if len(rows) else []
 
+    @guarded
     def token_rows(self) -> np.ndarray:
         """The token rows (canonical: text code slots 0) of cache positions [0, n_past)."""
         if not self._rows:
@@ -243,12 +292,16 @@ class SlowARModel:
         return self._rows[0][:self._n_past]
 
     # ------------------------------------------------------------------ voice prefix
-    @cached_property
+    @property
+    @guarded
     def identity(self) -> "ModelIdentity":
         """What a saved prefix must match: hparams, tensor table, content digest."""
         from .prefix import ModelIdentity
-        return ModelIdentity.of(self.model_file)
+        if self._identity is None:
+            self._identity = ModelIdentity.of(self.model_file)
+        return self._identity
 
+    @guarded
     def save_prefix(self, n_positions: int | None = None) -> "KVPrefix":
         """K/V of positions [0, n_positions) (default n_past) with their token rows, the
         cache type and this model's identity: restorable into any later synthesis."""
@@ -262,6 +315,7 @@ class SlowARModel:
         return KVPrefix(k, v, self.token_rows()[:n], self.capabilities.kv_cache_dtype,
                         self.identity, self.backend.name)
 
+    @guarded
     def check_prefix(self, prefix: "KVPrefix", capacity: int | None = None) -> None:
         """Every check of restore_prefix, without changing anything. `capacity`: check
         against a cache of that size instead of the allocated one."""
@@ -293,6 +347,7 @@ class SlowARModel:
                                      f"KV cache capacity max_seq_len={capacity}")
         inputs.token_matrix(prefix.tokens, None, hp)  # ids and codes in range (a file's too)
 
+    @guarded
     def restore_prefix(self, prefix: "KVPrefix") -> str:
         """Make cache positions [0, n) the prefix's; n_past = n. Needs an allocated cache that
         holds it; refuses another model's prefix, another cache type or a wrong shape, leaving
@@ -317,11 +372,20 @@ class SlowARModel:
 
     # ------------------------------------------------------------------ life cycle
     def close(self) -> None:
-        self._fast = None
-        self.backend.close()
-        self._max_seq_len = None
-        self._n_past = 0
-        self._rows = []
+        """Release the KV cache, the backend's weights and the file's memory map. Every later
+        call raises ModelClosedError (clear_kv_cache and close itself do nothing). Results
+        made before stay readable."""
+        with self._guard.closing() as first:
+            if not first:
+                return
+            self._fast = None
+            self._max_seq_len = None
+            self._n_past = 0
+            self._rows = []
+            try:
+                self.backend.close()
+            finally:
+                self.model_file.close()
 
     def __enter__(self) -> "SlowARModel":
         return self
@@ -330,5 +394,6 @@ class SlowARModel:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"SlowARModel({str(self.model_file.path)!r}, backend={self.backend.name!r}, "
-                f"n_past={self._n_past}, max_seq_len={self._max_seq_len})")
+        state = ("closed" if self.closed else
+                 f"n_past={self._n_past}, max_seq_len={self._max_seq_len}")
+        return f"SlowARModel({str(self.model_file.path)!r}, backend={self.backend.name!r}, {state})"

@@ -290,9 +290,12 @@ def report_lines(result: SpeakResult, load_s: float | None = None,
 
 
 # ---------------------------------------------------------------------- the command
-def run_command(args: Any, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """`s2core speak` (arguments wired in s2core.cli)."""
     import s2core
+    # the streams of the moment of the call, not of the import (pytest swaps them per test)
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
 
     def say(msg: str) -> None:
         print(msg, file=err, flush=True)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from s2core.kit.rules import (CACHE_DTYPE_HOLDS, COMPUTE_DTYPE_HOLDS, FAST_AR_OWN_HPARAMS,
-                              OPTIONS_DECLARED, RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES)
+from s2core.kit.rules import (CACHE_DTYPE_HOLDS, COMPUTE_DTYPE_HOLDS, CONCURRENCY,
+                              FAST_AR_OWN_HPARAMS, LIFE_CYCLE, OPTIONS_DECLARED,
+                              RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES)
 
 BROKEN_DIR = Path(__file__).parent / "broken_backends"
 
@@ -40,6 +41,16 @@ EXPECTED = {
     "broken_option_undeclared": ("options_declared_and_checked", OPTIONS_DECLARED),
     "broken_option_ignored": ("options_declared_and_checked", OPTIONS_DECLARED),
     "broken_option_accepts_anything": ("options_declared_and_checked", OPTIONS_DECLARED),
+    # One model's calls are serialized by the core's guard for every backend, so no backend
+    # can break that half of the rule; sharing state between instances is the backend's own.
+    "broken_shared_call_state": ("threads_never_interleave", CONCURRENCY),
+    # ModelClosedError after close() and the refusal of caches beyond kv_cache_limit_bytes
+    # are the core's, for every backend; releasing the weights and allocating the new cache
+    # before dropping the old are the backend's.
+    "broken_keeps_weights_on_close": ("close_releases_and_failed_init_keeps_the_cache",
+                                      LIFE_CYCLE),
+    "broken_loses_cache_on_failed_init": ("close_releases_and_failed_init_keeps_the_cache",
+                                          LIFE_CYCLE),
 }
 CONTROL = "example"
 KIT_MODULE = """

@@ -118,11 +118,11 @@ def test_fast_decode_accepts_lists_and_a_model_without_fast_ar_says_so(tmp_path,
         no_fast.fast_decode(np.zeros(64, np.float32), [])
 
 
-def test_context_manager_frees_the_cache(tiny_model):
+def test_context_manager_closes_the_model(tiny_model):
     with s2core.load(tiny_model, backend="numpy") as m:
         m.init_kv_cache(8)
         backend = m.backend
-    assert backend._k is None and m.max_seq_len is None
+    assert not hasattr(backend, "_k") and m.max_seq_len is None and m.closed
 
 
 def test_unknown_backend_option_is_rejected(tiny_model):

@@ -159,3 +159,17 @@ def test_a_raising_callback_fails_its_request_only(model):
             reqs[1].codes()
         for k in (0, 2):
             np.testing.assert_array_equal(reqs[k].codes(), generate(model, ps[k], config))
+
+
+def test_batched_model_follows_the_model_guard(tiny_model):
+    from s2core.errors import ModelClosedError
+    m = s2core.load(tiny_model, backend="numpy")
+    b = BatchedModel(m)
+    b.init_slots(2, 16)
+    b.eval([(0, prompts(1)[0])])
+    m.close()
+    with pytest.raises(ModelClosedError):
+        b.eval([(1, prompts(1)[0])])
+    b.free_slots()  # allowed: nothing left to free
+    b.close()
+    assert b.max_seq_len is None

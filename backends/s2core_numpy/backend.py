@@ -135,8 +135,9 @@ class NumpyBackend(Backend):
     def allocate_kv_cache(self, max_seq_len: int) -> None:
         hp = self.hparams
         shape = (hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim)  # heads outermost: each
-        self._k = np.zeros(shape, np.float32)                        # head's rows contiguous
-        self._v = np.zeros(shape, np.float32)
+        k = np.zeros(shape, np.float32)                              # head's rows contiguous
+        v = np.zeros(shape, np.float32)
+        self._k, self._v = k, v  # only now: a failed allocation keeps the previous cache
 
     def free_kv_cache(self) -> None:
         self._k = self._v = None
@@ -208,10 +209,6 @@ class NumpyBackend(Backend):
     def fast_extend_batch(self, state, codes: np.ndarray):
         from .slots import fast_extend_batch
         return state, fast_extend_batch(self.fast, state, codes)
-
-    def close(self) -> None:
-        self.free_kv_slots()
-        super().close()
 
     # ---------------------------------------------------------------- Fast-AR
     def fast_decode(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:

@@ -35,6 +35,7 @@ from s2core.gguf_file import ModelFile
 from s2core.hparams import StackShape
 from s2core.inputs import EvalBatch
 from s2core.layout import load_fast_ar
+from s2core.memory import available_host_memory_bytes
 
 from . import ops, options
 from .kv_cache import KVCache, storage_dtype
@@ -110,12 +111,33 @@ class TorchBackend(Backend):
 
     # ---------------------------------------------------------------- KV cache
     def allocate_kv_cache(self, max_seq_len: int) -> None:
-        hp = self.hparams
         with torch.inference_mode():
-            self._cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
-                                  self.cache_dtype, self.attention_dtype, self.device,
-                                  hold_wide=not self.options.on_cuda)
-            self._rope = ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
+            try:
+                cache = self._new_cache(max_seq_len)
+            except torch.cuda.OutOfMemoryError:
+                if self._cache is None or not self.options.on_cuda:
+                    raise
+                # not beside the old one on the GPU: kv_cache_limit_bytes counted the old
+                # cache's bytes as free, so free it and allocate again
+                self.free_kv_cache()
+                cache = self._new_cache(max_seq_len)
+            self._cache, self._rope = cache
+
+    def _new_cache(self, max_seq_len: int) -> tuple[KVCache, torch.Tensor]:
+        hp = self.hparams
+        cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim, self.cache_dtype,
+                        self.attention_dtype, self.device, hold_wide=not self.options.on_cuda)
+        return cache, ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
+
+    def kv_cache_limit_bytes(self) -> int | None:
+        """On CUDA: the device's free memory plus the cache held now (it can be freed first);
+        on the CPU: available host memory, since torch.zeros touches every page."""
+        if self.options.on_cuda:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            held = 0 if self._cache is None else sum(
+                t.numel() * t.element_size() for t in (self._cache.k, self._cache.v))
+            return free + held
+        return available_host_memory_bytes()
 
     def free_kv_cache(self) -> None:
         self._cache = None

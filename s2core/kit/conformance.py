@@ -30,7 +30,7 @@ from s2core.testing.prompts import mixed_prompt, semantic_frame
 from .batching import BatchingConformance
 from .models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
 from .prefix_stream import PrefixAndStreamConformance
-from .rules import ContractRules
+from .rules import ContractRules, ThreadAndLifeCycleRules
 from .tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
 
@@ -117,7 +117,8 @@ def _bad_cases(hp, prompt: np.ndarray) -> list[tuple[str, Callable[[Any], Any], 
 _CASE_IDS = [c[0] for c in _bad_cases(CONFIGS["gqa4"], prompt_and_frames("gqa4")[0])]
 
 
-class BackendConformance(ContractRules, PrefixAndStreamConformance, BatchingConformance):
+class BackendConformance(ContractRules, ThreadAndLifeCycleRules, PrefixAndStreamConformance,
+                         BatchingConformance):
     """The whole matrix, the contract's rules (s2core/kit/rules.py), prefix save/restore and
     streaming (s2core/kit/prefix_stream.py), several sequences per call
     (s2core/kit/batching.py). Needs a `backend` fixture (a registered

@@ -47,6 +47,9 @@ CONFIGS: dict[str, Hparams] = {
         fast=FastHparams(context_length=11, dim=64, ffn=128, n_layer=2, n_head=8, n_head_kv=2,
                          head_dim=16, rope_freq_base=100.0, rms_norm_eps=1e-2,
                          attention_qk_norm=True, project_in=False)),
+    # The gqa4 shape with a context of 2**31 - 1 positions: a full cache would take a
+    # terabyte, so init_kv_cache(context_length) must be refused, the previous cache kept.
+    "huge-context": tiny_hparams(context_length=2**31 - 1),
 }
 
 #: (config, weight type) pairs of the numerical matrix

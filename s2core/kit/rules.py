@@ -3,8 +3,10 @@
 A backend can match the float64 reference call by call and still break the contract: return
 a buffer that its next call overwrites, hand out views of its live cache, declare an f16
 cache while holding float32 (or the reverse), declare a compute precision it does not have,
-take options it does not declare, or run the Fast-AR with the Slow-AR's RoPE base and eps
-(the other kit models have equal values). Each test here checks one rule and fails with a
+take options it does not declare, run the Fast-AR with the Slow-AR's RoPE base and eps
+(the other kit models have equal values), share state between two models so that two threads
+corrupt each other, keep the file mapped after close(), or lose its cache when a new one cannot
+be allocated. Each test here checks one rule and fails with a
 message that starts with the rule's name (RULES), so a third-party author knows which.
 
 `BackendConformance` inherits these; they need its `backend` and `open_model` fixtures.
@@ -13,16 +15,22 @@ message that starts with the rule's name (RULES), so a third-party author knows 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
 
 import s2core
-from s2core.errors import BackendUnavailableError, InvalidInputError
+from s2core.errors import (BackendUnavailableError, CacheAllocationError, InvalidInputError,
+                           ModelBusyError, ModelClosedError)
+from s2core.generation import GenerationConfig, stream
 from s2core.testing.prompts import mixed_prompt, semantic_frame
 
-from .models import CONFIGS, kit_reference
+from .models import CONFIGS, kit_model, kit_reference
 from .tolerances import COMPUTE, fast_tolerance, output_tolerance
 
 RESULTS_UNCHANGED = "results-unchanged"
@@ -31,6 +39,8 @@ CACHE_DTYPE_HOLDS = "declared-kv-cache-dtype-holds"
 COMPUTE_DTYPE_HOLDS = "declared-compute-dtype-holds"
 OPTIONS_DECLARED = "options-declared-and-checked"
 FAST_AR_OWN_HPARAMS = "fast-ar-uses-its-own-hparams"
+CONCURRENCY = "threads-never-interleave"
+LIFE_CYCLE = "close-releases-and-failed-init-keeps-the-cache"
 
 #: rule name -> what it says (the README's list)
 RULES = {
@@ -47,6 +57,12 @@ RULES = {
                       "same defaults); unknown names and undeclared values are refused; each declared "
                       "choice loads, and kv_cache_dtype=X gives a backend declaring X",
     FAST_AR_OWN_HPARAMS: "the Fast-AR runs with its own RoPE base, eps and head counts",
+    CONCURRENCY: "two threads on one model take turns (a stream's model refuses other threads "
+                 "with ModelBusyError), and two models in two threads give what they give "
+                 "alone: nothing is shared between instances",
+    LIFE_CYCLE: "close() releases the weights and the file's mapping and every later call "
+                "raises ModelClosedError; an init_kv_cache that cannot be allocated raises "
+                "CacheAllocationError and keeps the previous cache and n_past",
 }
 
 
@@ -305,3 +321,161 @@ def _expect_refusal(what: str, check: str, call: Any) -> None:
 def _same_default(a: Any, b: Any) -> bool:
     from s2core.plugin import same_value
     return same_value(a, b)
+
+
+# ---------------------------------------------------------------- threads and life cycle
+def _threads(*bodies: Callable[[], Any], timeout: float = 120.0) -> list[BaseException]:
+    """Run each body in its own thread; the exceptions they raised."""
+    errors: list[BaseException] = []
+
+    def run(body: Callable[[], Any]) -> None:
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 - reported by the rule
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(b,), daemon=True) for b in bodies]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        errors.append(TimeoutError(f"a thread was still running after {timeout:g} s"))
+    return errors
+
+
+def _run_steps(m: Any, prompt: np.ndarray, frames: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    m.init_kv_cache(len(prompt) + len(frames))
+    logits = [m.prefill(prompt).logits] + [m.step(f).logits for f in frames]
+    k, v = m.kv_cache_snapshot()
+    return np.stack(logits), k, v
+
+
+def _maps_file(path: Path) -> bool | None:
+    """Whether this process maps `path` (None where /proc/self/maps does not exist)."""
+    maps = Path("/proc/self/maps")
+    return str(path) in maps.read_text() if maps.exists() else None
+
+
+class ThreadAndLifeCycleRules:
+    """The rules of concurrency and of the model's life cycle. The core enforces part of each
+    for every backend (its guard serializes one model's calls; closed models and caches
+    beyond the backend's kv_cache_limit_bytes are refused before the backend is called);
+    what is left to the backend is checked here."""
+
+    def test_rule_threads_never_interleave(self, open_model):
+        hp = CONFIGS["gqa4"]
+        rng = np.random.default_rng(19)
+        prompt = mixed_prompt(hp, 8, rng)
+        frames = [semantic_frame(hp, rng) for _ in range(24)]
+        # one model, two threads stepping it
+        m = open_model("gqa4", "f32")
+        m.init_kv_cache(len(prompt) + len(frames))
+        m.prefill(prompt)
+        errors = _threads(*(lambda part=frames[i::2]: [m.step(f) for f in part]
+                            for i in range(2)))
+        if errors:
+            fail(CONCURRENCY, f"two threads stepping one model raised {errors[0]!r}")
+        if m.n_past != len(prompt) + len(frames):
+            fail(CONCURRENCY, f"after {len(frames)} steps from two threads n_past is {m.n_past}, "
+                 f"not {len(prompt) + len(frames)}")
+        order = m.token_rows()  # the rows in the order the steps ran
+        replay = open_model("gqa4", "f32")
+        replay.init_kv_cache(len(order))
+        replay.prefill(order[:len(prompt)])
+        for row in order[len(prompt):]:
+            replay.step(row)
+        if not all(np.array_equal(a, b) for a, b in zip(m.kv_cache_snapshot(),
+                                                         replay.kv_cache_snapshot())):
+            fail(CONCURRENCY, "two threads stepping one model left a cache that differs from a "
+                 "serial replay of the same steps")
+        # a stream holds its model against other threads
+        it = stream(m, prompt, GenerationConfig(max_new_tokens=3, seed=0,
+                                                im_end_id=hp.vocab_size - 1,
+                                                min_tokens_before_end=3))
+        next(it)
+        refused = []
+        _threads(lambda: refused.append(_raises(ModelBusyError, lambda: m.step(frames[0]))))
+        it.close()
+        if refused != [True]:
+            fail(CONCURRENCY, "another thread's step() during a stream was not refused with "
+                 "ModelBusyError")
+        # two models in two threads, each as it is alone
+        alone = _run_steps(open_model("gqa4", "f32"), prompt, frames)
+        pair = [open_model("gqa4", "f32"), open_model("gqa4", "f32")]
+        results: dict[int, tuple[np.ndarray, ...]] = {}
+        errors = _threads(*(lambda i=i: results.__setitem__(i, _run_steps(pair[i], prompt, frames))
+                            for i in range(2)))
+        if errors:
+            fail(CONCURRENCY, f"two models in two threads raised {errors[0]!r}")
+        for i, got in results.items():
+            for what, a, b in zip(("logits", "K cache", "V cache"), got, alone):
+                if not np.array_equal(a, b):
+                    fail(CONCURRENCY, f"model {i} of two run in two threads gave other {what} "
+                         f"than one model alone (max difference "
+                         f"{np.abs(a - b).max():.3g}): the instances share state")
+
+    def test_rule_close_releases_and_failed_init_keeps_the_cache(self, open_model, backend,
+                                                                 backend_options, tmp_path):
+        hp = CONFIGS["gqa4"]
+        rng = np.random.default_rng(20)
+        prompt = mixed_prompt(hp, 8, rng)
+        frame = semantic_frame(hp, rng)
+        # close(): a private copy of a kit file, so no other model in the process maps it
+        path = tmp_path / "kit-close.gguf"
+        shutil.copy(kit_model("gqa4", "f32"), path)
+        m = s2core.load(path, backend=backend, **backend_options)
+        m.init_kv_cache(len(prompt) + 1)
+        kept = m.prefill(prompt)
+        expected_logits = np.array(m.backend.to_numpy(kept.logits_native), copy=True)
+        m.close()
+        if _maps_file(path):
+            fail(LIFE_CYCLE, f"{path.name} is still mapped after close(): the backend keeps "
+                 "arrays viewing the file (close() must drop every weight)")
+        if not _raises(ModelClosedError, lambda: m.step(frame)):
+            fail(LIFE_CYCLE, "a step after close() did not raise ModelClosedError")
+        m.close()  # twice is fine
+        if not np.array_equal(kept.logits, expected_logits):
+            fail(LIFE_CYCLE, "a result made before close() changed or cannot be read")
+        # a cache that cannot be allocated
+        m = open_model("huge-context", "f32")
+        m.init_kv_cache(len(prompt) + 1)
+        m.prefill(prompt)
+        k, v = m.kv_cache_snapshot()
+        try:
+            m.init_kv_cache(CONFIGS["huge-context"].context_length)
+        except CacheAllocationError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - anything else breaks the rule
+            fail(LIFE_CYCLE, f"init_kv_cache(2**31 - 1) raised {exc!r}, not "
+                 "CacheAllocationError")
+        else:
+            pytest.skip("this backend allocated a cache of 2**31 - 1 positions: the failure "
+                        "cannot be provoked here")
+        if (m.max_seq_len, m.n_past) != (len(prompt) + 1, len(prompt)):
+            fail(LIFE_CYCLE, f"after a failed init_kv_cache, max_seq_len={m.max_seq_len} and "
+                 f"n_past={m.n_past}, not {len(prompt) + 1} and {len(prompt)}")
+        try:
+            same = all(np.array_equal(a, b) for a, b in zip(m.kv_cache_snapshot(), (k, v)))
+            after = m.step(frame).logits
+        except Exception as exc:  # noqa: BLE001 - a lost cache shows here
+            fail(LIFE_CYCLE, f"after a failed init_kv_cache the previous cache is gone: "
+                 f"{exc!r} (allocate the new cache before dropping the old)")
+        if not same:
+            fail(LIFE_CYCLE, "a failed init_kv_cache changed the previous cache's contents")
+        clean = open_model("huge-context", "f32")
+        clean.init_kv_cache(len(prompt) + 1)
+        clean.prefill(prompt)
+        if not np.array_equal(after, clean.step(frame).logits):
+            fail(LIFE_CYCLE, "after a failed init_kv_cache the next step differs from a model's "
+                 "that never saw it")
+
+
+def _raises(error: type[BaseException], call: Callable[[], Any]) -> bool:
+    try:
+        call()
+    except error:
+        return True
+    except Exception:  # noqa: BLE001 - the wrong error is a broken rule too
+        return False
+    return False

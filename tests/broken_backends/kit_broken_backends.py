@@ -7,6 +7,7 @@ hostile tester found them: everything else is correct, so the kit must name the 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 from s2core_example.backend import ExampleBackend, Stack
@@ -145,3 +146,36 @@ class TakesUndeclaredOption(ExampleBackend):
 F16_DECLARED = dataclasses.replace(CAPABILITIES, kv_cache_dtype="f16",
                                    supported_kv_cache_dtypes=("f16",))
 HALF_DECLARED = dataclasses.replace(CAPABILITIES, compute_dtype="f16")
+
+
+class SharedCallState(ExampleBackend):
+    """Keeps the batch of the call in progress on the class (a module-level "current
+    context"), so every instance shares it: two models in two threads evaluate each other's
+    batches. The sleep stands for a device call that releases the GIL."""
+
+    _batch = None
+
+    def eval_cached(self, batch):
+        type(self)._batch = batch
+        time.sleep(0.002)
+        return super().eval_cached(type(self)._batch)
+
+
+class KeepsWeightsOnClose(ExampleBackend):
+    """close() frees the cache only (what Backend.close once did): the weights, views of the
+    file's memory map, keep it mapped after the model is closed."""
+
+    def close(self):
+        self.free_kv_cache()
+
+
+class LosesCacheOnFailedInit(ExampleBackend):
+    """States no memory limit and frees the old cache before allocating the new one: an
+    allocation that fails leaves nothing."""
+
+    def kv_cache_limit_bytes(self):
+        return None
+
+    def allocate_kv_cache(self, max_seq_len):
+        self.cache = None
+        super().allocate_kv_cache(max_seq_len)

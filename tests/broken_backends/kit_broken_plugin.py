@@ -43,4 +43,7 @@ def s2core_backends():
         spec("option_accepts_anything", "IgnoresKvCacheDtype",
              options=(Option("kv_cache_dtype", accepts=lambda value: True, values="anything",
                              default="f32"),)),
+        spec("shared_call_state", "SharedCallState"),
+        spec("keeps_weights_on_close", "KeepsWeightsOnClose"),
+        spec("loses_cache_on_failed_init", "LosesCacheOnFailedInit"),
     ]

@@ -23,6 +23,7 @@ import numpy as np
 from s2core.backend import Backend, Capabilities, check_option
 from s2core.gguf_file import ModelFile
 from s2core.inputs import EvalBatch
+from s2core.memory import available_host_memory_bytes
 
 from .fast_ar import FastDecoder, FastState
 from .kv_cache import KVCache
@@ -53,13 +54,17 @@ class MlxBackend(Backend):
         check_option("sub_block_quants", sub_block_quants, SUB_BLOCK_MODES)
         metal = metal_available()
         self.device = mx.gpu if metal else mx.cpu
+        # One stream for this model, usable from any thread: MLX's default streams belong to
+        # the thread that made them, and threads that ran MLX on their own streams abort the
+        # process at exit. The core's guard keeps this model's calls from overlapping.
+        self.stream = mx.new_thread_unsafe_stream(self.device)
         self._caps = mlx_capabilities(metal, kv_cache_dtype, widened_weight_dtype,
                                       quant_scale_dtype, sub_block_quants
                                       ).resolved(self.hparams.n_layer)
         self._cache_dtype = MX_DTYPES[kv_cache_dtype]
         loader = WeightLoader(model_file, widened_weight_dtype, quant_scale_dtype,
                               split_sub_blocks=sub_block_quants == "split")
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             self.slow = SlowAR(loader)
             self.fast = None if self.hparams.fast is None else FastDecoder(loader)
         return_freed_heap()
@@ -72,37 +77,53 @@ class MlxBackend(Backend):
     # ---------------------------------------------------------------- KV cache
     def allocate_kv_cache(self, max_seq_len: int) -> None:
         hp = self.hparams
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             self._cache = KVCache(hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
                                   self._cache_dtype)
+
+    def kv_cache_limit_bytes(self) -> int | None:
+        """Memory MLX can fill now: MLX does not survive an allocation that fails (it crashes
+        the process), so the core must refuse one before it is tried. Metal: the device's
+        recommended working set (unified memory); the CPU build: available host memory."""
+        limit = available_host_memory_bytes()
+        if self.device == mx.gpu:
+            try:
+                info = mx.metal.device_info()
+            except (AttributeError, RuntimeError):
+                info = {}
+            working_set = info.get("max_recommended_working_set_size") or info.get("memory_size")
+            if working_set:
+                limit = int(working_set) if limit is None else min(limit, int(working_set))
+        return limit
 
     def free_kv_cache(self) -> None:
         self._cache = None
         mx.clear_cache()  # hand the buffers back instead of keeping them in MLX's pool
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._cache.read(n_positions)
+        with mx.stream(self.stream):
+            return self._cache.read(n_positions)
 
     def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             self._cache.write(k, v)
 
     # ---------------------------------------------------------------- compute
     def eval_cached(self, batch: EvalBatch) -> tuple[mx.array, mx.array]:
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             hidden, logits = self.slow(batch, self._cache)
             mx.eval(hidden, logits, self._cache.arrays())
         return hidden, logits
 
     def fast_decode(self, hidden: Any, prefix_codes: np.ndarray) -> mx.array:
         """Every position recomputed (s2.cpp's way); the core uses fast_begin/fast_extend."""
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             logits = self.fast(_as_mx(hidden), prefix_codes)
             mx.eval(logits)
         return logits
 
     def fast_begin(self, hidden: Any) -> tuple[FastState, mx.array]:
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             state, logits = self.fast.begin(_as_mx(hidden))
             mx.eval(logits, state.arrays())
         return state, logits
@@ -110,7 +131,7 @@ class MlxBackend(Backend):
     def fast_extend(self, state: FastState, codes: np.ndarray) -> tuple[FastState, mx.array]:
         """Only the new codes' positions are computed; the state's K/V stand for the rest.
         Returns a new state (the given one is not modified)."""
-        with mx.stream(self.device):
+        with mx.stream(self.stream):
             state, logits = self.fast.extend(state, codes)
             mx.eval(logits, state.arrays())
         return state, logits
@@ -120,6 +141,7 @@ class MlxBackend(Backend):
         """float32 results come back without a copy (the buffer is shared with MLX)."""
         if isinstance(x, mx.array):
             if x.dtype != mx.float32:
-                x = x.astype(mx.float32)
+                with mx.stream(self.stream):
+                    x = x.astype(mx.float32)
             return np.asarray(x)
         return np.asarray(x, dtype=np.float32)

@@ -7,6 +7,7 @@ mx.fast.scaled_dot_product_attention expect.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -68,7 +69,16 @@ def attend(q: mx.array, keys: mx.array, values: mx.array, s: StackShape) -> mx.a
 # every row count (no retrace per prompt length). Bit-identical to the plain ops; a step of
 # the small demo model 6.3 against 7.0 ms on this CPU, no difference on S2 Pro-sized layers,
 # where the products dominate (README, "Compute").
-_swiglu = mx.compile(lambda gate, up: gate * mx.sigmoid(gate) * up, shapeless=True)
+_swiglu_compiled = mx.compile(lambda gate, up: gate * mx.sigmoid(gate) * up, shapeless=True)
+
+
+def _swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """The compiled kernel on the main thread only: a compiled function traces on the calling
+    thread's default stream, which MLX then creates for that thread, and a thread that leaves
+    one behind aborts the process at exit. Other threads get the same bits from the plain ops."""
+    if threading.current_thread() is threading.main_thread():
+        return _swiglu_compiled(gate, up)
+    return gate * mx.sigmoid(gate) * up
 
 
 def finish_block(x: mx.array, attn: mx.array, blk: BlockWeights, eps: float) -> mx.array:

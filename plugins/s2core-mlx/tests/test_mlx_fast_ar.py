@@ -55,10 +55,12 @@ class Spy:
 
 @pytest.mark.parametrize("config,weight_type", CASES)
 def test_a_frame_reuses_the_state(monkeypatch, config, weight_type):
-    with s2core.load(kit_model(config, weight_type), backend="mlx") as m:
+    # the spies are undone before close() releases the backend
+    with s2core.load(kit_model(config, weight_type), backend="mlx") as m, \
+            monkeypatch.context() as patch:
         hp = m.hparams
         assert m.backend.incremental_fast_decode
-        spy = Spy(monkeypatch, m.backend)
+        spy = Spy(patch, m.backend)
         rng = np.random.default_rng(0)
         h = rng.standard_normal(hp.dim).astype(np.float32)
         codes = rng.integers(0, hp.codebook_size, hp.num_codebooks - 1)
@@ -111,9 +113,10 @@ def test_several_codes_at_once_and_branches(config, weight_type):
 
 def test_native_hidden_continues_the_frame(monkeypatch):
     """The generation loop hands Result.hidden_native over: the same array continues the
-    frame (compared by identity), a new result starts a new one."""
-    with s2core.load(kit_model("gqa4", "f32"), backend="mlx") as m:
-        spy = Spy(monkeypatch, m.backend)
+    frame (compared by value), a new result starts a new one."""
+    with s2core.load(kit_model("gqa4", "f32"), backend="mlx") as m, \
+            monkeypatch.context() as patch:
+        spy = Spy(patch, m.backend)
         m.init_kv_cache(32)
         r = m.prefill(np.array([[1] + [0] * m.hparams.num_codebooks] * 3))
         for n in range(4):
