@@ -4,9 +4,13 @@ from the F16 and Q8_0 tiled layouts, each weight read from memory once for all r
 The generic few-row kernels these replace kept n x TILE accumulators in an array of run-time
 size, so every multiply-add loaded and stored its accumulator: 4 rows of 9728 x 2560 took 2.8x
 (F16) and 3.8x (Q8_0) the time of one row, and a batch of 4 sequences gained little.
-Here rows go in groups of four with four accumulators of the compile-time TILE, which LLVM
-keeps in vector registers: each widened weight feeds four multiply-adds straight away. Rows
-are padded to a multiple of four with zeros (their outputs are dropped).
+Here rows go in groups of four with four accumulators of the compile-time TILE: each widened
+weight feeds four multiply-adds, and the loops vectorize fully (AVX-512 here). The
+accumulators still go through L1 on every input (numba's arrays are not promoted to
+registers), so with four rows the kernels are bound by those loads and stores and by the
+arithmetic, not by memory: what keeps a batch of four from costing what one row costs. Rows
+are padded to a multiple of four with zeros (their outputs are dropped), so two rows cost
+what four do.
 
 Measured on 9728 x 2560 (2 shared cores, noisy): 4 rows in 10.5 ms (F16, was 16) and 3.7 ms
 (Q8_0, was 11); 28 rows (a prefill chunk) 61 and 28 ms (were 69 and 92).
