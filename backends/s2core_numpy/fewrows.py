@@ -1,9 +1,9 @@
 """Products of a few rows (2 to GEMM_ROWS - 1: a batched decode step, one row per sequence)
 from the F16 and Q8_0 tiled layouts, each weight read from memory once for all rows.
 
-The generic few-row kernels these replace kept n x TILE accumulators in an array of run-time
-size, so every multiply-add loaded and stored its accumulator: 4 rows of 9728 x 2560 took 2.8x
-(F16) and 3.8x (Q8_0) the time of one row, and a batch of 4 sequences gained little.
+The generic few-row kernels these replace (Q8_0: every row a separate pass over the tile,
+converting its codes again; F16: accumulators of a run-time row count) took 2.8x (F16) and
+3.8x (Q8_0) the time of one row for 4 rows of 9728 x 2560: a batch of 4 gained little.
 Here rows go in groups of four with four accumulators of the compile-time TILE: each widened
 weight feeds four multiply-adds, and the loops vectorize fully (AVX-512 here). The
 accumulators still go through L1 on every input (numba's arrays are not promoted to
