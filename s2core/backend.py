@@ -64,6 +64,9 @@ class Capabilities:
     writes_kv_cache: bool = False
     #: the audio codec this backend provides (its plugin names the class), or None
     codec: CodecCapabilities | None = None
+    #: how many independent sequences (KV slots) one `eval_slots` call evaluates; 1 (the
+    #: default) is a backend without batching: the core then serves one sequence at a time
+    max_batch_sequences: int = 1
 
     def __post_init__(self):
         # Sets and lists where frozensets and tuples are meant are taken as such.
@@ -127,6 +130,8 @@ class Capabilities:
                 and math.isfinite(e[1]) and e[1] > 0 for e in overhead)):
             p.append(f"native_weight_overhead={overhead!r} is not a tuple of (type name, "
                      "positive factor)")
+        if not (is_int(self.max_batch_sequences) and self.max_batch_sequences >= 1):
+            p.append(f"max_batch_sequences={self.max_batch_sequences!r} is not an int >= 1")
         if not (self.codec is None or isinstance(self.codec, CodecCapabilities)):
             p.append(f"codec={self.codec!r} is not None or a CodecCapabilities")
         return p
@@ -240,6 +245,59 @@ class Backend(ABC):
     @property
     def incremental_fast_decode(self) -> bool:
         return type(self).fast_begin is not Backend.fast_begin
+
+    # ---------------------------------------------------------------- several sequences
+    # KV slots: independent sequences in one cache, each with its own n_past (kept by the
+    # core, s2core.batching). A backend that declares max_batch_sequences > 1 overrides all
+    # of these; the defaults below are the one-slot case on the single-sequence cache, so
+    # every backend serves through the same core code (one sequence at a time).
+    def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
+        """Allocate n_slots caches of max_seq_len positions each, zero-filled. The core
+        guarantees 1 <= n_slots <= max_batch_sequences and calls free_kv_slots first."""
+        self.allocate_kv_cache(max_seq_len)
+
+    def free_kv_slots(self) -> None:
+        """Release the slots' memory; may be called when none are allocated."""
+        self.free_kv_cache()
+
+    def read_kv_slot(self, slot: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        """read_kv_cache for one slot: copies of its rows [0, n_positions)."""
+        return self.read_kv_cache(n_positions)
+
+    def write_kv_slot(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
+        """write_kv_cache for one slot (declare writes_kv_cache): its rows [0, n)."""
+        self.write_kv_cache(k, v)
+
+    def eval_slots(self, batches: list[tuple[int, EvalBatch]]) -> list[tuple[Any, Any]]:
+        """Evaluate several slots in one call: `batches` holds (slot, EvalBatch) with distinct
+        slots, each batch's positions continuing that slot's own sequence. Each slot's K/V
+        go to its own rows and its attention sees only its own rows; returns (hidden, logits)
+        of each batch's last position, in order (the rules of eval_cached, per slot). A
+        batching backend evaluates every row of the call with one read of each weight."""
+        return [self.eval_cached(batch) for _, batch in batches]
+
+    def fast_decode_batch(self, hiddens: np.ndarray, prefix_codes: np.ndarray) -> Any:
+        """Fast-AR logits (B, codebook_size) for B sequences at once: row b is
+        fast_decode(hiddens[b], prefix_codes[b]); `hiddens` float32 (B, dim), `prefix_codes`
+        int64 (B, k) (every row has the same number of codes: one codebook of a frame for
+        all slots). A batching backend runs one pass per position for the whole batch."""
+        return np.stack([self.to_numpy(self.fast_decode(h, c))
+                         for h, c in zip(hiddens, prefix_codes)])
+
+    # Optional: the incremental Fast-AR for B sequences (as fast_begin / fast_extend for
+    # one). The core uses them for every frame of a batch when the subclass overrides both.
+    def fast_begin_batch(self, hiddens: Any) -> tuple[Any, Any]:
+        """Start B sequences at position 0; returns (state, logits (B, codebook_size))."""
+        raise NotImplementedError
+
+    def fast_extend_batch(self, state: Any, codes: np.ndarray) -> tuple[Any, Any]:
+        """Append one code to each of the B sequences (codes int64 (B,)); returns (state,
+        logits (B, codebook_size)); `state` may be updated in place."""
+        raise NotImplementedError
+
+    @property
+    def incremental_fast_decode_batch(self) -> bool:
+        return type(self).fast_begin_batch is not Backend.fast_begin_batch
 
     # ---------------------------------------------------------------- host hand-off
     def to_numpy(self, x: Any) -> np.ndarray:

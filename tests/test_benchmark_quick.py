@@ -147,3 +147,29 @@ def test_voice_case_quick_run(tmp_path):
         assert 0 < case["prefill_ms"] <= case["prompt_ms"] < case["first_frame_ms"]
     assert r["prompt_ratio"] == warm["prompt_ms"] / cold["prompt_ms"]
     assert "prompt ratio" in path.with_suffix(".md").read_text()
+
+
+def test_batch_case_quick_run(tmp_path):
+    """`s2core bench --case batch --quick`: B concurrent requests through the real server in a
+    child process; the frames counted are B x the timed frames, the chart is written."""
+    rc = main(["--case", "batch", "--quick", "--backends", "numpy,example", "--types", "f16",
+               "--out", str(tmp_path / "out"), "--model-dir", str(tmp_path / "models")])
+    assert rc == 0
+    [path] = (tmp_path / "out").glob("batch-*.json")
+    report = json.loads(path.read_text())
+    assert report["sizes"] == [1, 2]
+    by_backend = {r["backend"]: r for r in report["results"]}
+    assert set(by_backend) == {"numpy", "example"}
+    for r in report["results"]:
+        assert r["status"] == "ok", r.get("error")
+        assert [row["sequences"] for row in r["sizes"]] == [1, 2]
+        for row in r["sizes"]:
+            # every request's timed frames (served in turns, the later requests' first frames
+            # fall in the timed part too)
+            assert row["sequences"] * report["frames"] * row["rounds"] <= row["frames"] \
+                <= row["sequences"] * (report["frames"] + 1) * row["rounds"]
+            assert row["frames_per_s"] > 0 and row["speedup"] > 0
+    assert by_backend["numpy"]["sizes"][1]["sequences_per_call"] == 2
+    assert by_backend["example"]["sizes"][1]["sequences_per_call"] == 1  # served in turns
+    assert path.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
+    assert "frames/s" in path.with_suffix(".md").read_text()

@@ -125,6 +125,7 @@ class NumpyBackend(Backend):
         self.widened_non_finite = tuple(wl.widened_non_finite)
         self._k: np.ndarray | None = None  # [n_layer, n_head_kv, max_seq_len, head_dim]
         self._v: np.ndarray | None = None
+        self._slots = None  # slots.SlotCache while several sequences are served
 
     @property
     def capabilities(self) -> Capabilities:
@@ -173,6 +174,41 @@ class NumpyBackend(Backend):
                           i == last, self._round_f16)
         hidden = ops.rms_norm(x[-1], self.norm, s.eps)
         return hidden, linear(hidden[None], self.embeddings)[0]
+
+    # ---------------------------------------------------------------- several sequences
+    # (slots.py: one cache per slot; every weight read once for all the call's rows)
+    def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
+        from .slots import SlotCache
+        hp = self.hparams
+        self._slots = SlotCache(n_slots, hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim)
+
+    def free_kv_slots(self) -> None:
+        self._slots = None
+
+    def read_kv_slot(self, slot: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._slots.read(slot, n_positions)
+
+    def write_kv_slot(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
+        self._slots.write(slot, k, v)
+
+    def eval_slots(self, batches: list[tuple[int, EvalBatch]]
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+        from .slots import eval_slots
+        return eval_slots(self, self._slots, batches)
+
+    def fast_decode_batch(self, hiddens: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:
+        state, logits = self.fast_begin_batch(hiddens)
+        for c in range(prefix_codes.shape[1]):
+            state, logits = self.fast_extend_batch(state, prefix_codes[:, c])
+        return logits
+
+    def fast_begin_batch(self, hiddens: np.ndarray):
+        from .slots import fast_begin_batch
+        return fast_begin_batch(self.fast, np.asarray(hiddens, dtype=np.float32))
+
+    def fast_extend_batch(self, state, codes: np.ndarray):
+        from .slots import fast_extend_batch
+        return state, fast_extend_batch(self.fast, state, codes)
 
     # ---------------------------------------------------------------- Fast-AR
     def fast_decode(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:

@@ -78,26 +78,6 @@ def _matvec_tiles(codes, x, out):
 
 
 @njit(parallel=True, cache=True)
-def _matmul_tiles(codes, x, out):
-    """The same for n rows of x: each weight is widened once and used for every row (the
-    n x TILE accumulators stay in L1)."""
-    n_tiles, n_in, tile = codes.shape
-    n = x.shape[0]
-    for t in prange(n_tiles):
-        acc = np.zeros((n, tile), np.float32)
-        bits = np.empty(tile, np.uint32)
-        for i in range(n_in):
-            w = _tile_row(codes, t, i, bits)
-            for r in range(n):
-                xi = x[r, i]
-                for j in range(tile):
-                    acc[r, j] += (w[j] * _UNSCALE) * xi
-        for r in range(n):
-            for j in range(tile):
-                out[r, t * tile + j] = acc[r, j]
-
-
-@njit(parallel=True, cache=True)
 def _decode_transposed(codes, w_t):
     """The whole matrix as float32 W^T (in, padded out), for sgemm."""
     n_tiles, n_in, tile = codes.shape
@@ -142,7 +122,8 @@ class F16Matrix(TiledMatrix):
         _matvec_tiles(self.codes, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        _matmul_tiles(self.codes, x, out)
+        from .fewrows import few_rows, f16_rows  # rows in groups of four (fewrows.py)
+        few_rows(f16_rows, (self.codes.view(np.int16),), x, out)
 
     def _decode_transposed(self, w_t: np.ndarray) -> None:
         _decode_transposed(self.codes, w_t)

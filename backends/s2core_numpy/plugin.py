@@ -22,6 +22,10 @@ def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+#: sequences per eval_slots call (slots.py): past 8 rows the few-row kernels stop gaining
+#: (bench --case batch); more sequences are served in turns by the core's scheduler
+MAX_BATCH_SEQUENCES = 16
+
 #: the block-quantized types the numba kernels compute from as stored (quants.py): the file's
 #: blocks byte for byte, rearranged into tiles
 NUMBA_BLOCK_TYPES = frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0",
@@ -58,7 +62,8 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
                         widened_weight_dtype="f32", mapped_weight_types=frozenset({"f32"}),
                         writes_kv_cache=True,
                         native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
-                        if numba_kernels else (), codec=numpy_codec_capabilities())
+                        if numba_kernels else (), codec=numpy_codec_capabilities(),
+                        max_batch_sequences=MAX_BATCH_SEQUENCES)
 
 
 def probe() -> Probe:

@@ -63,29 +63,6 @@ def _matvec_tiles(codes, scales, x, out):
 
 
 @njit(parallel=True, cache=True)
-def _matmul_tiles(codes, scales, x, out):
-    """The same for n rows of x: each tile is streamed from memory once, then every row is
-    computed from it while it is in L2 (160 KB for 2560 inputs)."""
-    n_tiles, n_in, tile = codes.shape
-    n = x.shape[0]
-    for t in prange(n_tiles):
-        acc = np.empty(tile, np.float32)
-        blk = np.empty(tile, np.float32)
-        for r in range(n):
-            acc[:] = 0.0
-            for b in range(n_in // BLOCK):
-                blk[:] = 0.0
-                for i in range(b * BLOCK, (b + 1) * BLOCK):
-                    xi = x[r, i]
-                    for j in range(tile):
-                        blk[j] += np.float32(codes[t, i, j]) * xi
-                for j in range(tile):
-                    acc[j] += blk[j] * scales[t, b, j]
-            for j in range(tile):
-                out[r, t * tile + j] = acc[j]
-
-
-@njit(parallel=True, cache=True)
 def _decode_transposed(codes, scales, w_t):
     """The whole matrix as float32 W^T (in, padded out): w_t[i, t*TILE + j] is the weight of
     output t*TILE + j for input i. Transposed, so both sides move in TILE-float runs and
@@ -140,7 +117,8 @@ class Q8Matrix(TiledMatrix):
         _matvec_tiles(self.codes, self.scales, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        _matmul_tiles(self.codes, self.scales, x, out)
+        from .fewrows import few_rows, q8_0_rows  # rows in groups of four (fewrows.py)
+        few_rows(q8_0_rows, (self.codes, self.scales), x, out)
 
     def _decode_transposed(self, w_t: np.ndarray) -> None:
         _decode_transposed(self.codes, self.scales, w_t)

@@ -22,10 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="s2core bench",
         description="Measure every available backend on S2 Pro-shaped models: load, memory, "
                     "prefill, decode step (against the memory-bandwidth floor) and Fast-AR.")
-    p.add_argument("--case", choices=("backends", "voice"), default="backends",
+    p.add_argument("--case", choices=("backends", "voice", "batch"), default="backends",
                    help="backends: load, prefill, decode step, Fast-AR per backend (default); "
                         "voice: time to first frame with a cold prompt vs a restored voice "
-                        "prefix (types default f16)")
+                        "prefix (types default f16); batch: aggregate frames/s of 1, 2, 4 and "
+                        "8 concurrent sequences through s2core.serving (types default "
+                        "f16,q8_0)")
     p.add_argument("--layers", type=int,
                    help="Slow-AR layers of the model (default 4; 1 with --quick)")
     p.add_argument("--types", type=_csv,
@@ -61,6 +63,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                   model_dir=args.model_dir, out_dir=args.out)
     if args.case == "voice" and args.types is None:
         fields["types"] = ("f16",)
+    if args.case == "batch" and args.types is None:
+        from .batch import DEFAULT_TYPES as BATCH_TYPES
+        fields["types"] = BATCH_TYPES
     if args.quick:
         return BenchConfig.quick_run(**fields)
     return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
@@ -93,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.case == "voice":
         from .voice import run_voice_benchmark, write_outputs as write_voice
         return write_voice(run_voice_benchmark(cfg, _say), cfg.out_dir)
+
+    if args.case == "batch":
+        from .batch import run_batch_benchmark, write_outputs as write_batch
+        return write_batch(run_batch_benchmark(cfg, _say), cfg.out_dir)
 
     from .runner import run_benchmark
 

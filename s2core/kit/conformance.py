@@ -27,6 +27,7 @@ from s2core.errors import (CacheNotInitializedError, CacheOverflowError, Invalid
                            InvalidTokensError)
 from s2core.testing.prompts import mixed_prompt, semantic_frame
 
+from .batching import BatchingConformance
 from .models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
 from .prefix_stream import PrefixAndStreamConformance
 from .rules import ContractRules, ThreadAndLifeCycleRules
@@ -116,9 +117,11 @@ def _bad_cases(hp, prompt: np.ndarray) -> list[tuple[str, Callable[[Any], Any], 
 _CASE_IDS = [c[0] for c in _bad_cases(CONFIGS["gqa4"], prompt_and_frames("gqa4")[0])]
 
 
-class BackendConformance(ContractRules, ThreadAndLifeCycleRules, PrefixAndStreamConformance):
+class BackendConformance(ContractRules, ThreadAndLifeCycleRules, PrefixAndStreamConformance,
+                         BatchingConformance):
     """The whole matrix, the contract's rules (s2core/kit/rules.py), prefix save/restore and
-    streaming (s2core/kit/prefix_stream.py). Needs a `backend` fixture (a registered
+    streaming (s2core/kit/prefix_stream.py), several sequences per call
+    (s2core/kit/batching.py). Needs a `backend` fixture (a registered
     backend's name)."""
 
     capacity = 64

@@ -1,0 +1,147 @@
+"""Several sequences per call on the NumPy backend: KV slots, batched Slow-AR and Fast-AR.
+
+A decode step reads every weight once for one row; with B sequences in one call the linear
+layers multiply B rows by each weight as it streams past (the numba kernels' few-row path,
+tiled.py: each tile is read from memory once and used for every row; BLAS gemm for float32
+weights), so B frames cost about one weight read. Attention stays per sequence: each slot's
+rows see only that slot's cache.
+
+The numbers of each row are those of the single-sequence path (backend.run_block): the same
+projections, the same attention code on the same slices. With the numba F16 and Q8_0
+kernels, whose few-row product accumulates each row exactly as their one-row product does,
+a batched decode step gives bit-identical results; float32 weights go through BLAS, whose gemm
+may sum in another order than its gemv (float32 rounding only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from s2core.hparams import StackShape
+from s2core.inputs import EvalBatch
+
+from . import ops
+from .weights import gather, linear
+
+
+def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: np.ndarray,
+                       segments: list[tuple[int, int, int]], k_layer, v_layer,
+                       last_only: bool, round_f16: bool) -> np.ndarray:
+    """backend.run_block for several sequences: x holds every segment's rows. segments:
+    (lo, hi, start) per sequence; k_layer(i) / v_layer(i): segment i's cache of this layer.
+    last_only: only each segment's last row is returned (in segment order)."""
+    from .backend import qkv_projection  # the single-sequence projections, shared
+
+    q, k, v = qkv_projection(x, blk, s, cos, sin)
+    attn, kept = [], []
+    for i, (lo, hi, start) in enumerate(segments):
+        end = start + hi - lo
+        k_cache, v_cache = k_layer(i), v_layer(i)
+        k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
+        k_new[...] = k[lo:hi].transpose(1, 0, 2)  # unrounded within this call, as run_block
+        v_new[...] = v[lo:hi].transpose(1, 0, 2)
+        q_lo, q_start = lo, start
+        if last_only and hi - lo > 1:
+            q_lo, q_start = hi - 1, end - 1
+        attn.append(ops.causal_attention(q[q_lo:hi], k_cache[:, :end], v_cache[:, :end],
+                                         q_start, s.attn_scale))
+        kept.append((q_lo, hi))
+        if round_f16:
+            k_new[...] = k_new.astype(np.float16)
+            v_new[...] = v_new.astype(np.float16)
+    if sum(hi - lo for lo, hi in kept) != x.shape[0]:  # last_only dropped earlier rows
+        x = np.concatenate([x[lo:hi] for lo, hi in kept])
+    a = attn[0] if len(attn) == 1 else np.concatenate(attn)
+    h = x + linear(a, blk.wo)
+    f = ops.rms_norm(h, blk.ffn_norm, s.eps)
+    return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
+
+
+def segments_of(batches: list[EvalBatch]) -> list[tuple[int, int, int]]:
+    out, lo = [], 0
+    for b in batches:
+        out.append((lo, lo + b.n_tokens, b.n_past))
+        lo += b.n_tokens
+    return out
+
+
+class SlotCache:
+    """n_slots caches [n_layer, n_head_kv, capacity, head_dim] float32 (the backend's own
+    single-sequence layout, one per slot)."""
+
+    def __init__(self, n_slots: int, n_layer: int, n_head_kv: int, capacity: int,
+                 head_dim: int):
+        shape = (n_slots, n_layer, n_head_kv, capacity, head_dim)
+        self.k = np.zeros(shape, np.float32)
+        self.v = np.zeros(shape, np.float32)
+
+    def read(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return tuple(c[slot, :, :, :n].transpose(0, 2, 1, 3).copy() for c in (self.k, self.v))
+
+    def write(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
+        n = k.shape[1]
+        self.k[slot, :, :, :n] = k.transpose(0, 2, 1, 3)
+        self.v[slot, :, :, :n] = v.transpose(0, 2, 1, 3)
+
+
+def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(hidden, logits) of each item's last position; every weight read once for all rows."""
+    s = backend.shape
+    slots = [slot for slot, _ in items]
+    batches = [b for _, b in items]
+    segments = segments_of(batches)
+    positions = np.concatenate([b.positions for b in batches])
+    cos, sin = ops.rope_tables(positions, s.head_dim, s.rope_base)
+    x = np.concatenate([backend._embed(b) for b in batches])
+    last = len(backend.layers) - 1
+    for i, blk in enumerate(backend.layers):
+        x = run_block_segments(x, blk, s, cos, sin, segments,
+                               lambda j, i=i: cache.k[slots[j], i],
+                               lambda j, i=i: cache.v[slots[j], i],
+                               i == last, backend._round_f16)
+    hidden = ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
+    logits = linear(hidden, backend.embeddings)
+    return [(hidden[j].copy(), logits[j].copy()) for j in range(len(items))]
+
+
+# ------------------------------------------------------------------------------ Fast-AR
+@dataclass
+class FastBatchState:
+    """B Fast-AR sequences at the same position: K/V (B, n_layer, n_head_kv, capacity, d)."""
+
+    k: np.ndarray
+    v: np.ndarray
+    n: int = 0
+
+
+def fast_begin_batch(fast, hiddens: np.ndarray) -> tuple[FastBatchState, np.ndarray]:
+    """Position 0 of B sequences: project_in(hidden) or hidden; logits (B, codebook_size)."""
+    s = fast.shape
+    b = hiddens.shape[0]
+    shape = (b, len(fast.layers), s.n_head_kv, fast.capacity, s.head_dim)
+    state = FastBatchState(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+    x = np.ascontiguousarray(hiddens, dtype=np.float32)
+    if fast.project_in is not None:
+        x = linear(x, fast.project_in)
+    return state, _fast_run(fast, state, x)
+
+
+def fast_extend_batch(fast, state: FastBatchState, codes: np.ndarray) -> np.ndarray:
+    """One more code for every sequence (codes (B,)); logits (B, codebook_size)."""
+    return _fast_run(fast, state, gather(fast.embeddings, np.asarray(codes, dtype=np.int64)))
+
+
+def _fast_run(fast, state: FastBatchState, x: np.ndarray) -> np.ndarray:
+    s, start, b = fast.shape, state.n, x.shape[0]
+    cos, sin = ops.rope_tables(np.full(b, start, dtype=np.int64), s.head_dim, s.rope_base)
+    segments = [(r, r + 1, start) for r in range(b)]
+    last = len(fast.layers) - 1
+    for i, blk in enumerate(fast.layers):
+        x = run_block_segments(x, blk, s, cos, sin, segments,
+                               lambda r, i=i: state.k[r, i], lambda r, i=i: state.v[r, i],
+                               i == last, False)
+    state.n = start + 1
+    return linear(ops.rms_norm(x, fast.norm, s.eps), fast.output)

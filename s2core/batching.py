@@ -1,0 +1,314 @@
+"""Several independent sequences on one loaded model: KV slots, each with its own n_past.
+
+    batched = BatchedModel(model)                  # model: s2core.load(...)
+    batched.init_slots(n_slots=4, max_seq_len=512)
+    a, b = batched.eval([(0, prompt_a), (1, prompt_b)])     # one backend call
+    a, b = batched.eval([(0, frame_a), (1, frame_b)])       # one decode row per slot
+    logits = batched.fast_decode([a.hidden, b.hidden], [[3, 7], [1, 2]])  # (2, codebook)
+
+A backend that declares `Capabilities.max_batch_sequences` > 1 evaluates all the rows of a
+call with one read of each weight (`Backend.eval_slots`); every other backend has one slot on
+its single-sequence cache, and the core serves its sequences one after another
+(s2core.serving). The rules are the model object's (contract.md 5), per slot: every check runs
+before any change, and a slot's n_past advances only after the backend call succeeded.
+
+The batched model takes over the backend's cache: on a one-slot backend the slot is the
+model's own cache, so `init_slots` frees the model's cache and the model's single-sequence
+calls must not be used until `free_slots()`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
+
+from . import inputs
+from .errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, S2CoreError
+from .model import Result, SlowARModel
+
+__all__ = ["BatchedModel"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(method: F) -> F:
+    """Run a BatchedModel method under its model's guard (s2core/guard.py): calls from
+    several threads take turns with each other and with the model's own, a stream holding the
+    model makes them raise ModelBusyError, and a closed model ModelClosedError."""
+    what = f"BatchedModel.{method.__name__}()"
+    allow_closed = method.__name__ in ("free_slots", "close")
+
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        with self.model._guard.call(what, allow_closed=allow_closed):
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
+
+
+class _FastBatchSession:
+    """The batched Fast-AR sequences the last fast_decode call left (as model._FastSession,
+    for B rows): the next call of the same frame only appends one code to each."""
+
+    def __init__(self, hiddens: np.ndarray, state: Any):
+        self.hiddens = hiddens.copy()
+        self.codes = np.zeros((hiddens.shape[0], 0), dtype=np.int64)
+        self.state = state
+
+    def continues(self, hiddens: np.ndarray, codes: np.ndarray) -> bool:
+        n = self.codes.shape[1]
+        return (hiddens.shape == self.hiddens.shape and codes.shape[1] > n
+                and np.array_equal(codes[:, :n], self.codes)
+                and np.array_equal(hiddens, self.hiddens))
+
+
+class BatchedModel:
+    """KV slots on a loaded `SlowARModel`'s backend (see the module's docstring)."""
+
+    def __init__(self, model: SlowARModel):
+        if not isinstance(model, SlowARModel):
+            raise InvalidInputError("model", f"model must be an s2core model (s2core.load), "
+                                    f"got {type(model).__name__}")
+        self.model = model
+        self.backend = model.backend
+        self.hparams = model.hparams
+        self._n_past: list[int] = []
+        self._rows: list[list[np.ndarray]] = []
+        self._max_seq_len: int | None = None
+        self._fast: _FastBatchSession | None = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def max_batch_sequences(self) -> int:
+        """How many slots this backend evaluates in one call (its capabilities)."""
+        return self.backend.capabilities.max_batch_sequences
+
+    @property
+    def n_slots(self) -> int:
+        return len(self._n_past)
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """Each slot's capacity in positions, or None when no slots are allocated."""
+        return self._max_seq_len
+
+    @_guarded
+    def n_past(self, slot: int) -> int:
+        return self._n_past[self._check_slot(slot)]
+
+    @_guarded
+    def init_slots(self, n_slots: int, max_seq_len: int) -> None:
+        """Allocate n_slots zeroed caches of max_seq_len positions; every n_past = 0."""
+        for name, value in (("n_slots", n_slots), ("max_seq_len", max_seq_len)):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise InvalidInputError(f"{name}_type", f"{name} must be an int, got {value!r}")
+        n_slots, max_seq_len = int(n_slots), int(max_seq_len)
+        cap = self.max_batch_sequences
+        if not 1 <= n_slots <= cap:
+            raise InvalidInputError("n_slots_range", f"n_slots must be in [1, "
+                                    f"max_batch_sequences={cap}] for backend "
+                                    f"{self.backend.name!r}, got {n_slots}")
+        ctx = self.hparams.context_length
+        if not 0 < max_seq_len <= ctx:
+            raise InvalidInputError("max_seq_len_range", f"max_seq_len must be in [1, "
+                                    f"context_length={ctx}], got {max_seq_len}")
+        self.free_slots()
+        self.model.clear_kv_cache()  # a one-slot backend's slot is the model's cache
+        self.backend.allocate_kv_slots(n_slots, max_seq_len)
+        self._max_seq_len = max_seq_len
+        self._n_past = [0] * n_slots
+        self._rows = [[] for _ in range(n_slots)]
+
+    @_guarded
+    def reset_slot(self, slot: int) -> None:
+        """The slot starts a new sequence (n_past = 0); its rows are overwritten as it goes."""
+        slot = self._check_slot(slot)
+        self._n_past[slot] = 0
+        self._rows[slot] = []
+
+    @_guarded
+    def free_slots(self) -> None:
+        """Release the slots' memory (allowed at any time; a closed model has none)."""
+        if not self.model.closed:
+            self.backend.free_kv_slots()
+        self._max_seq_len = None
+        self._n_past, self._rows, self._fast = [], [], None
+
+    @_guarded
+    def kv_slot_snapshot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the slot's K and V for positions < its n_past (as kv_cache_snapshot)."""
+        slot = self._check_slot(slot)
+        return self.backend.read_kv_slot(slot, self._n_past[slot])
+
+    @_guarded
+    def token_rows(self, slot: int) -> np.ndarray:
+        slot = self._check_slot(slot)
+        rows = self._rows[slot]
+        if not rows:
+            return np.zeros((0, self.hparams.row_width), dtype=np.int64)
+        return np.concatenate(rows)[:self._n_past[slot]]
+
+    # ------------------------------------------------------------------ compute
+    @_guarded
+    def eval(self, requests: Sequence[tuple[int, Any]]) -> list[Result]:
+        """One backend call over (slot, token rows) pairs with distinct slots: each slot's rows
+        continue its sequence. Returns the Result of each pair's last position, in order."""
+        batches = self._prepare(requests)
+        outs = self.backend.eval_slots(batches)
+        if len(outs) != len(batches):
+            raise S2CoreError(f"backend {self.backend.name!r}: eval_slots returned "
+                              f"{len(outs)} results for {len(batches)} slots")
+        results = []
+        for (slot, batch), (hidden, logits) in zip(batches, outs):  # only after success
+            self._n_past[slot] += batch.n_tokens
+            self._rows[slot].append(inputs.batch_rows(batch, self.hparams))
+            results.append(Result(hidden, logits, batch.n_tokens, self.backend))
+        return results
+
+    @_guarded
+    def fast_decode(self, hiddens: Any, prefix_codes: Any) -> np.ndarray:
+        """Fast-AR logits (B, codebook_size) of B sequences: row b is
+        model.fast_decode(hiddens[b], prefix_codes[b]). Every row has the same number of codes
+        (one codebook of a frame for every slot). Calls that extend the previous call's codes
+        for the same hiddens only append (same numbers)."""
+        if self.hparams.fast is None:
+            raise S2CoreError(f"{self.model.model_file.path} has no Fast-AR "
+                              f"(architecture {self.hparams.architecture!r})")
+        hiddens = self._hiddens(hiddens)
+        codes = self._prefixes(prefix_codes, hiddens.shape[0])
+        be = self.backend
+        if be.incremental_fast_decode_batch:
+            return be.to_numpy(self._fast_incremental(hiddens, codes))
+        if be.capabilities.max_batch_sequences == 1 and be.incremental_fast_decode:
+            # one row at a time through the model's own incremental session
+            return np.stack([self.model.fast_decode(h, c) for h, c in zip(hiddens, codes)])
+        return np.asarray(be.to_numpy(be.fast_decode_batch(hiddens, codes)), np.float32)
+
+    def _fast_incremental(self, hiddens: np.ndarray, codes: np.ndarray) -> Any:
+        session, self._fast = self._fast, None  # stays dropped if the backend raises
+        if session is None or not session.continues(hiddens, codes):
+            state, logits = self.backend.fast_begin_batch(hiddens)
+            session = _FastBatchSession(hiddens, state)
+        for c in range(session.codes.shape[1], codes.shape[1]):
+            session.state, logits = self.backend.fast_extend_batch(session.state, codes[:, c])
+        session.codes = codes.copy()
+        self._fast = session
+        return logits
+
+    # ------------------------------------------------------------------ voice prefix
+    @_guarded
+    def restore_prefix(self, slot: int, prefix: Any) -> str:
+        """The slot's positions [0, n) become the prefix's, n_past = n (the model's
+        restore_prefix for one slot): "written" or "recomputed" (prefilled again)."""
+        slot = self._check_slot(slot)
+        self.model.check_prefix(prefix, self._max_seq_len)
+        if not self.backend.capabilities.writes_kv_cache:
+            self.reset_slot(slot)
+            self.eval([(slot, prefix.tokens)])
+            return "recomputed"
+        self.write_prefix_kv(slot, prefix, prefix.k, prefix.v)
+        return "written"
+
+    @_guarded
+    def write_prefix_kv(self, slot: int, prefix: Any, k: np.ndarray, v: np.ndarray) -> None:
+        """restore_prefix with the prefix's float32 K/V already converted (a server converts
+        them once and writes them into every slot that starts with the voice). The caller has
+        run model.check_prefix."""
+        try:
+            self.backend.write_kv_slot(slot, k, v)
+        except BaseException:
+            self._n_past[slot], self._rows[slot] = 0, []
+            raise
+        self._n_past[slot] = prefix.n_positions
+        self._rows[slot] = [prefix.tokens.copy()]
+
+    # ------------------------------------------------------------------ checks
+    def _require_slots(self) -> int:
+        if self._max_seq_len is None:
+            raise CacheNotInitializedError("no KV slots: call init_slots(n_slots, max_seq_len) "
+                                           "before evaluating")
+        return self._max_seq_len
+
+    def _check_slot(self, slot: Any) -> int:
+        self._require_slots()
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
+            raise InvalidInputError("slot_type", f"a slot must be an int, got {slot!r}")
+        if not 0 <= slot < self.n_slots:
+            raise InvalidInputError("slot_range", f"slot {slot} is outside [0, n_slots="
+                                    f"{self.n_slots})")
+        return int(slot)
+
+    def _prepare(self, requests: Sequence[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """Every check of eval, before anything changes: the (slot, batch) pairs."""
+        capacity = self._require_slots()
+        try:
+            pairs = [(slot, tokens) for slot, tokens in requests]
+        except (TypeError, ValueError):
+            raise InvalidInputError("slot_requests", "eval takes a sequence of (slot, token "
+                                    "rows) pairs") from None
+        if not pairs:
+            raise InvalidInputError("slot_requests", "eval needs at least one (slot, tokens) "
+                                    "pair")
+        seen: set[int] = set()
+        batches = []
+        for slot, tokens in pairs:
+            slot = self._check_slot(slot)
+            if slot in seen:
+                raise InvalidInputError("slot_duplicate", f"slot {slot} appears twice in one "
+                                        "call: each slot's rows must be one contiguous batch")
+            seen.add(slot)
+            mat = inputs.token_matrix(tokens, None, self.hparams)
+            n_past = self._n_past[slot]
+            if n_past + len(mat) > capacity:
+                raise CacheOverflowError("capacity", f"slot {slot}: n_past ({n_past}) + "
+                                         f"n_tokens ({len(mat)}) = {n_past + len(mat)} exceeds "
+                                         f"the slot capacity max_seq_len={capacity}")
+            batches.append((slot, inputs.make_batch(mat, n_past, self.hparams)))
+        return batches
+
+    def _hiddens(self, hiddens: Any) -> np.ndarray:
+        if isinstance(hiddens, (list, tuple)):
+            hiddens = [self.backend.to_numpy(h) if not isinstance(h, (np.ndarray, list, tuple))
+                       else h for h in hiddens]
+        try:
+            arr = np.asarray(hiddens)
+        except (TypeError, ValueError):
+            raise InvalidInputError("hiddens_shape", "hiddens must be a (B, dim) array") from None
+        if arr.ndim != 2 or arr.shape[1] != self.hparams.dim or arr.shape[0] == 0:
+            raise InvalidInputError("hiddens_shape", f"hiddens must have shape (B, "
+                                    f"{self.hparams.dim}) with B >= 1, got {arr.shape}")
+        if arr.dtype.kind not in "fiu":
+            raise InvalidInputError("hidden_dtype", f"hiddens must hold real numbers, got "
+                                    f"{arr.dtype}")
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def _prefixes(self, prefix_codes: Any, b: int) -> np.ndarray:
+        try:
+            arr = np.asarray(prefix_codes)
+        except (TypeError, ValueError):
+            raise InvalidInputError("prefix_shape", "prefix codes must be a (B, k) array of "
+                                    "integers") from None
+        if arr.size == 0:
+            arr = np.zeros((b, 0), dtype=np.int64)
+        if arr.ndim != 2 or arr.shape[0] != b:
+            raise InvalidInputError("prefix_shape", f"prefix codes must have shape (B={b}, k), "
+                                    f"got {arr.shape}")
+        for row in arr:  # the single-sequence checks (range, dtype, length), row by row
+            inputs.prefix_codes(row, self.hparams)
+        return arr.astype(np.int64)
+
+    # ------------------------------------------------------------------ life cycle
+    @_guarded
+    def close(self) -> None:
+        self.free_slots()
+
+    def __enter__(self) -> "BatchedModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"BatchedModel(backend={self.backend.name!r}, n_slots={self.n_slots}, "
+                f"max_seq_len={self._max_seq_len}, n_past={self._n_past})")

@@ -1,0 +1,159 @@
+"""One request's decoding, step by step: the loop of s2core.generation's stream, cut at the
+points where the scheduler batches the model calls of several requests.
+
+The order of every sampling decision and of every draw from the request's own generator is
+generate()'s, so a request gives the codes generate() gives it alone whenever the model's
+numbers are the same (always under greedy sampling on a backend whose batched rows equal its
+single rows; a batch's float32 rounding can otherwise only flip a near-tie).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from ..generation import GenerationConfig, GenerationStats, _finite, _MainSampler
+from ..sampling import candidates, draw
+
+if TYPE_CHECKING:
+    from ..prefix import KVPrefix
+    from .server import Server
+
+#: how a request ended (GenerationStats.stopped_by): the two of generate(), and these
+CANCELLED = "cancelled"
+FAILED = "failed"
+
+
+class Request:
+    """A request submitted to a `Server`: iterate it for its frames (num_codebooks,) as they
+    come (iterating drives the server), `codes()` for all of them, `cancel()` to stop it."""
+
+    def __init__(self, server: "Server", prompt: np.ndarray, config: GenerationConfig,
+                 prefix: "KVPrefix | None", on_frame: Callable[[int, np.ndarray], Any] | None):
+        self._server = server
+        self.prompt = prompt
+        self.config = config
+        self.prefix = prefix
+        self.on_frame = on_frame
+        self.stats = GenerationStats(prompt_positions=len(prompt))
+        self.frames: list[np.ndarray] = []
+        self.slot: int | None = None
+        self.done = False
+        self.error: BaseException | None = None
+        self._cancel = False
+        self._unread: deque[np.ndarray] = deque()
+        hp = server.hparams
+        self._hp = hp
+        self._rng = np.random.default_rng(config.seed)
+        self._sampler = _MainSampler(hp, config.im_end_id)
+        self._window: list[int] = []
+        self._main = -1
+        self._logits: np.ndarray | None = None
+        self.hidden: Any = None     # the last Slow-AR hidden state (native)
+        self.codes_so_far: list[int] = []
+        self._t_start = time.perf_counter()
+
+    # ------------------------------------------------------------------ the user's side
+    def cancel(self) -> None:
+        """Stop this request; its slot goes to the next request, the others are unaffected."""
+        self._cancel = True
+        self._server._cancelled(self)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        while True:
+            if self._unread:
+                yield self._unread.popleft()
+                continue
+            if self.error is not None:
+                raise self.error
+            if self.done:
+                return
+            self._server.step()
+
+    def codes(self) -> np.ndarray:
+        """Every frame as [num_codebooks, frames] int64 (runs the server until this request
+        ends)."""
+        while not self.done:
+            self._server.step()
+        if self.error is not None:
+            raise self.error
+        if not self.frames:
+            return np.zeros((self._hp.num_codebooks, 0), dtype=np.int64)
+        return np.stack(self.frames, axis=1)
+
+    def __repr__(self) -> str:
+        state = self.stats.stopped_by if self.done else ("running" if self.slot is not None
+                                                         else "waiting")
+        return f"Request(frames={len(self.frames)}, slot={self.slot}, {state})"
+
+    # ------------------------------------------------------------------ the server's side
+    def _sample_main(self, logits: np.ndarray, frames: int, ras: bool = False) -> int:
+        t = time.perf_counter()
+        c = self.config
+        s = c.ras if ras else c.main
+        token = self._sampler(logits, frames < c.min_tokens_before_end, s, self._rng)
+        self.stats.sample_s += time.perf_counter() - t
+        return token
+
+    def _after_eval(self, result) -> None:
+        """The Slow-AR's result for this request's last row: sample the next main token; the
+        request ends at <|im_end|>."""
+        self._logits = result.logits
+        self.hidden = result.hidden_native
+        self._main = self._sample_main(self._logits, len(self.frames))
+        if self._main == self.config.im_end_id:
+            self._finish("im_end")
+
+    def _begin_frame(self) -> None:
+        """RAS, then code 0 from the main token (generate()'s order)."""
+        c, hp, main = self.config, self._hp, self._main
+        if (c.ras_window and main in self._window
+                and hp.semantic_begin_id <= main <= hp.semantic_end_id):
+            main = self._main = self._sample_main(self._logits, len(self.frames), ras=True)
+        if c.ras_window:
+            self._window.append(main)
+            del self._window[:-c.ras_window]
+        self.codes_so_far = [min(max(main - hp.semantic_begin_id, 0), hp.codebook_size - 1)]
+
+    def _add_code(self, fast_logits: np.ndarray) -> None:
+        s = self.config.codes
+        self.codes_so_far.append(int(draw(candidates(_finite(fast_logits), s.top_p, s.top_k),
+                                          s.temperature, self._rng)))
+
+    def _end_frame(self) -> np.ndarray:
+        """The frame is complete: hand it out; the request ends at max_new_tokens, or when
+        on_frame returns False."""
+        frame = np.asarray(self.codes_so_far, dtype=np.int64)
+        self.frames.append(frame)
+        self._unread.append(frame)
+        self.stats.frames = len(self.frames)
+        if self.stats.first_frame_s is None:
+            self.stats.first_frame_s = time.perf_counter() - self._t_start
+        if self.on_frame is not None:
+            try:
+                if self.on_frame(len(self.frames) - 1, frame) is False:
+                    self._cancel = True
+            except Exception as exc:  # this request's callback: it alone ends, with the error
+                self._finish(FAILED, exc)
+                return frame
+        if len(self.frames) == self.config.max_new_tokens:
+            self._finish("max_new_tokens")
+        return frame
+
+    def _next_row(self) -> np.ndarray:
+        """The row the next step evaluates: [main, codes of the last frame]."""
+        return np.concatenate([[self._main], self.frames[-1]]).astype(np.int64)
+
+    def _finish(self, why: str, error: BaseException | None = None) -> None:
+        if not self.done:
+            self.done = True
+            self.stats.stopped_by = why
+            self.stats.total_s = time.perf_counter() - self._t_start
+            self.error = error

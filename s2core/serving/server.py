@@ -1,0 +1,249 @@
+"""Continuous batching: many requests on one model, each in its own KV slot.
+
+    server = Server(model, max_sequences=4)
+    a = server.submit(prompt_a, GenerationConfig(seed=1))
+    b = server.submit(prompt_b, GenerationConfig(seed=2), prefix=voice_prefix)
+    for frame in a: ...        # iterating a request drives the server: b advances too
+    codes_b = b.codes()
+
+One `step()`:
+1. requests waiting for a slot take the free ones: the voice prefix's K/V are written into
+   the slot (converted from the KVPrefix once per server, then copied into each slot that
+   starts with that voice) and the rest of the prompt is prefilled, one call per request (so
+   its numbers are those of generate()'s prefill);
+2. every running request's next frame: its main token's code 0, then codes 1..C-1 with the
+   Fast-AR run for all of them at once (one pass per codebook);
+3. the frames are handed out; requests that reached max_new_tokens, or were cancelled, leave
+   and free their slot;
+4. one Slow-AR call evaluates the new frame of every remaining request (one row per slot,
+   each weight read once for all), then each samples its next main token; those that drew
+   <|im_end|> leave.
+
+A backend with max_batch_sequences = 1 has one slot: its requests run one after another.
+A backend error ends every running request with it (the waiting ones stay queued); a
+request's on_frame that raises ends that request alone.
+The server is driven from one thread (whoever iterates a request or calls step()).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..batching import BatchedModel
+from ..errors import CacheOverflowError, InvalidInputError
+from ..generation import GenerationConfig, check_prompt
+from ..model import SlowARModel
+from .request import CANCELLED, FAILED, Request
+
+if TYPE_CHECKING:
+    from ..prefix import KVPrefix
+
+
+class Server:
+    """Requests on one model with continuous batching (see the module's docstring).
+
+    max_sequences: slots (sequences evaluated together); None = the backend's
+    max_batch_sequences; more than that is refused. max_seq_len: each slot's capacity; None =
+    sized by the requests waiting when the slots are first allocated (a later request that
+    needs more is refused)."""
+
+    def __init__(self, model: SlowARModel, max_sequences: int | None = None,
+                 max_seq_len: int | None = None):
+        self.batched = BatchedModel(model)
+        self.model = model
+        self.hparams = model.hparams
+        cap = self.batched.max_batch_sequences
+        if max_sequences is None:
+            max_sequences = cap
+        if isinstance(max_sequences, (bool, np.bool_)) or not isinstance(
+                max_sequences, (int, np.integer)) or not 1 <= max_sequences <= cap:
+            raise InvalidInputError("max_sequences", f"max_sequences must be an int in [1, "
+                                    f"max_batch_sequences={cap}] for backend "
+                                    f"{model.backend.name!r}, got {max_sequences!r}")
+        if max_seq_len is not None:
+            ctx = self.hparams.context_length
+            if isinstance(max_seq_len, (bool, np.bool_)) or not isinstance(
+                    max_seq_len, (int, np.integer)) or not 0 < max_seq_len <= ctx:
+                raise InvalidInputError("max_seq_len_range", f"max_seq_len must be an int in "
+                                        f"[1, context_length={ctx}], got {max_seq_len!r}")
+        self.max_sequences = int(max_sequences)
+        self.max_seq_len = max_seq_len
+        self._waiting: deque[Request] = deque()
+        self._running: dict[int, Request] = {}
+        self._prefix_kv: dict[int, tuple[Any, np.ndarray, np.ndarray]] = {}
+        #: seconds of each step's batched Slow-AR call, with how many rows it evaluated
+        self.step_times: list[tuple[int, float]] = []
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, prompt: Any, config: GenerationConfig | None = None,
+               prefix: "KVPrefix | None" = None,
+               on_frame: Callable[[int, np.ndarray], Any] | None = None) -> Request:
+        """Queue a request (every check of generate() runs here, before anything changes); it
+        joins at the next step with a free slot. `on_frame(i, codes)` is called after each
+        frame; returning False cancels the request."""
+        config = GenerationConfig() if config is None else config
+        mat = check_prompt(self.model, prompt, config, prefix)
+        need = len(mat) + config.max_new_tokens
+        if (self.max_seq_len is None and not self._running and self.batched.max_seq_len
+                is not None and need > self.batched.max_seq_len):
+            self.batched.free_slots()  # idle: the slots are sized again for what waits
+        capacity = self.batched.max_seq_len or self.max_seq_len
+        if capacity is not None and need > capacity:
+            raise CacheOverflowError("capacity", f"prompt ({len(mat)} positions) + "
+                                     f"max_new_tokens ({config.max_new_tokens}) = {need} "
+                                     f"exceeds the server's slot capacity max_seq_len="
+                                     f"{capacity}")
+        if on_frame is not None and not callable(on_frame):
+            raise InvalidInputError("on_frame", f"on_frame must be callable, got "
+                                    f"{type(on_frame).__name__}")
+        request = Request(self, mat, config, prefix, on_frame)
+        self._waiting.append(request)
+        return request
+
+    @property
+    def busy(self) -> bool:
+        """Requests are waiting or running."""
+        return bool(self._waiting or self._running)
+
+    def run(self) -> None:
+        """Step until every submitted request has ended."""
+        while self.busy:
+            self.step()
+
+    def _cancelled(self, request: Request) -> None:
+        if request.done:
+            return
+        if request.slot is None:
+            if request in self._waiting:
+                self._waiting.remove(request)
+            request._finish(CANCELLED)
+        # a running request leaves at the next point where its slot is not in use
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> None:
+        """Admit, decode one frame of every running request, evaluate them (see above)."""
+        try:
+            self._retire()
+            self._admit()
+            self._frames()
+            self._retire()
+            self._evaluate()
+            self._retire()
+        except BaseException as exc:
+            # The backend's state for the running requests is no longer known to match
+            # theirs: they end with the error; waiting requests stay queued.
+            for request in list(self._running.values()):
+                request._finish(FAILED, exc)
+            self._running.clear()
+            raise
+
+    def _free_slots(self) -> list[int]:
+        return [s for s in range(self.batched.n_slots) if s not in self._running]
+
+    def _allocate(self) -> None:
+        need = max(len(r.prompt) + r.config.max_new_tokens for r in self._waiting)
+        self.batched.init_slots(self.max_sequences, self.max_seq_len or need)
+
+    def _admit(self) -> None:
+        if not self._waiting:
+            return
+        if self.batched.max_seq_len is None:
+            self._allocate()
+        for slot in self._free_slots():
+            if not self._waiting:
+                break
+            request = self._waiting.popleft()
+            request.slot = slot
+            self._running[slot] = request
+            self._prefill(request)
+
+    def _prefill(self, request: Request) -> None:
+        """The prompt into the request's slot, alone in its call (the numbers of generate()'s
+        prefill), then its first main token."""
+        b, slot, st = self.batched, request.slot, request.stats
+        b.reset_slot(slot)
+        rest = request.prompt
+        if request.prefix is not None:
+            t = time.perf_counter()
+            self._restore(slot, request.prefix, st)
+            st.restore_s = time.perf_counter() - t
+            st.restored_positions = request.prefix.n_positions
+            rest = rest[request.prefix.n_positions:]
+        t = time.perf_counter()
+        (result,) = b.eval([(slot, rest)])
+        st.prefill_s = time.perf_counter() - t
+        st.prefilled_positions = len(rest)
+        request._after_eval(result)
+
+    def _restore(self, slot: int, prefix: "KVPrefix", st) -> None:
+        b = self.batched
+        if not self.model.capabilities.writes_kv_cache:
+            st.prefix_recomputed = True
+            b.restore_prefix(slot, prefix)
+            return
+        entry = self._prefix_kv.get(id(prefix))
+        if entry is None or entry[0] is not prefix:
+            b.model.check_prefix(prefix, b.max_seq_len)
+            # converted to float32 once per server; each slot that starts with it gets a copy
+            entry = self._prefix_kv[id(prefix)] = (prefix, prefix.k, prefix.v)
+        b.write_prefix_kv(slot, prefix, entry[1], entry[2])
+
+    def _frames(self) -> None:
+        """Codes of the next frame of every running request: one Fast-AR pass per codebook
+        for all of them."""
+        running = [r for r in self._running.values() if not r.done]
+        if not running:
+            return
+        t = time.perf_counter()
+        for r in running:
+            r._begin_frame()
+        hiddens = [self.model.backend.to_numpy(r.hidden) for r in running]
+        for _ in range(1, self.hparams.num_codebooks):
+            logits = self.batched.fast_decode(hiddens, [r.codes_so_far for r in running])
+            for r, row in zip(running, logits):
+                r._add_code(row)
+        dt = time.perf_counter() - t
+        for r in running:
+            r.stats.fast_decode_s.append(dt)
+            r._end_frame()
+
+    def _evaluate(self) -> None:
+        running = [r for r in self._running.values() if not r.done and not r.cancelled]
+        if not running:
+            return
+        t = time.perf_counter()
+        results = self.batched.eval([(r.slot, r._next_row()) for r in running])
+        dt = time.perf_counter() - t
+        self.step_times.append((len(running), dt))
+        for r, result in zip(running, results):
+            r.stats.step_s.append(dt)
+            r._after_eval(result)
+
+    def _retire(self) -> None:
+        """Requests that ended or were cancelled leave; their slots are free again."""
+        for slot, r in list(self._running.items()):
+            if r.cancelled and not r.done:
+                r._finish(CANCELLED)
+            if r.done:
+                del self._running[slot]
+                r.slot = None
+
+    # ------------------------------------------------------------------ life cycle
+    def close(self) -> None:
+        """Cancel everything and free the slots."""
+        for r in list(self._waiting) + list(self._running.values()):
+            r._finish(CANCELLED)
+        self._waiting.clear()
+        self._running.clear()
+        self._prefix_kv.clear()
+        self.batched.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

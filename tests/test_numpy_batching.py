@@ -1,0 +1,80 @@
+"""The NumPy backend's batching: few-row products whose rows equal one-row products bit for
+bit (so a batched sequence gets the numbers it gets alone), and slot evaluation against the
+single-sequence path."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+import s2core
+from s2core.batching import BatchedModel
+from s2core.kit.models import CONFIGS, kit_model
+from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core_numpy import plugin
+
+numba_only = pytest.mark.skipif(not plugin.numba_available(), reason="numba not installed")
+
+
+def _matrices(n_out: int, n_in: int):
+    from s2core_numpy.f16 import F16Matrix
+    from s2core_numpy.q8_0 import Q8Matrix
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    w16 = (w * 0.05).astype(np.float16)
+    w16.flat[:3] = [0.0, -0.0, 6e-8]  # zeros and a float16 subnormal
+    return {"f16": F16Matrix.from_raw(w16),
+            "q8_0": Q8Matrix.from_raw(gguf.quants.quantize(w, QT.Q8_0))}
+
+
+@numba_only
+@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 8, 13, 31])
+@pytest.mark.parametrize("n_out,n_in", [(100, 96), (200, 320)])
+def test_few_row_products_equal_one_row_products_bit_for_bit(n_out, n_in, n_rows):
+    x = np.random.default_rng(n_rows).standard_normal((n_rows, n_in), dtype=np.float32)
+    for name, m in _matrices(n_out, n_in).items():
+        out = m(x)
+        assert out.shape == (n_rows, n_out)
+        rows = np.stack([m(x[r:r + 1])[0] for r in range(n_rows)])
+        np.testing.assert_array_equal(out, rows, err_msg=name)
+        ref = x.astype(np.float64) @ m.dequantize().astype(np.float64).T
+        assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max(), name
+
+
+@numba_only
+@pytest.mark.parametrize("weight_type", ["f16", "q8_0"])
+def test_batched_decode_is_bit_identical_to_each_sequence_alone(weight_type):
+    """With the numba kernels a decode step of several slots and the batched Fast-AR give
+    exactly the single-sequence numbers (not only within the kit's tolerance)."""
+    hp = CONFIGS["gqa4"]
+    rng = np.random.default_rng(2)
+    prompts = [mixed_prompt(hp, n, rng) for n in (17, 6, 25)]
+    frames = [semantic_frame(hp, rng) for _ in prompts]
+    m = s2core.load(kit_model("gqa4", weight_type), backend="numpy")
+    alone = []
+    for p, f in zip(prompts, frames):
+        m.init_kv_cache(40)
+        m.prefill_fast(p)
+        r = m.step(f)
+        alone.append((r.hidden, r.logits, [m.fast_decode(r.hidden, [3, 1][:k]) for k in range(3)]))
+    b = BatchedModel(m)
+    b.init_slots(3, 40)
+    for s, p in enumerate(prompts):
+        b.eval([(s, p)])
+    rs = b.eval([(s, f) for s, f in enumerate(frames)])
+    hiddens = np.stack([r.hidden for r in rs])
+    for k in range(3):
+        fast = b.fast_decode(hiddens, np.tile([3, 1][:k], (3, 1)).astype(np.int64))
+        for s in range(3):
+            np.testing.assert_array_equal(fast[s], alone[s][2][k])
+    for s, r in enumerate(rs):
+        np.testing.assert_array_equal(r.hidden, alone[s][0])
+        np.testing.assert_array_equal(r.logits, alone[s][1])
+    m.close()
+
+
+def test_numpy_declares_batching():
+    caps = plugin.numpy_capabilities()
+    assert caps.max_batch_sequences == plugin.MAX_BATCH_SEQUENCES > 1

@@ -1,0 +1,175 @@
+"""The core's side of batching (s2core.batching) and the scheduler (s2core.serving): their
+checks, state after a failure, and the one-slot fallback. The numbers of every backend are
+the kit's (s2core/kit/batching.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import s2core
+from s2core.batching import BatchedModel
+from s2core.errors import CacheOverflowError, InvalidInputError
+from s2core.generation import GenerationConfig, generate
+from s2core.serving import FAILED, Server, generate_many
+from s2core.testing.prompts import mixed_prompt
+from s2core.embedded.writer import tiny_hparams
+
+IM_END = 199  # a text id of the tiny model (semantic ids are 160..191)
+
+
+def greedy(n: int) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=n, min_tokens_before_end=n, im_end_id=IM_END,
+                            temperature=0, seed=0)
+
+
+def prompts(k: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [mixed_prompt(tiny_hparams(), 8 + 3 * i, rng) for i in range(k)]
+
+
+@pytest.fixture
+def model(tiny_model):
+    m = s2core.load(tiny_model, backend="numpy")
+    yield m
+    m.close()
+
+
+def test_init_slots_checks(model):
+    b = BatchedModel(model)
+    cap = model.capabilities.max_batch_sequences
+    for n_slots, max_seq_len, check in ((0, 8, "n_slots_range"), (cap + 1, 8, "n_slots_range"),
+                                        (True, 8, "n_slots_type"), (2, 0, "max_seq_len_range"),
+                                        (2, 1.5, "max_seq_len_type"),
+                                        (2, model.hparams.context_length + 1,
+                                         "max_seq_len_range")):
+        with pytest.raises(InvalidInputError) as info:
+            b.init_slots(n_slots, max_seq_len)
+        assert info.value.check == check
+        assert b.max_seq_len is None and b.n_slots == 0
+    with pytest.raises(InvalidInputError):
+        BatchedModel("not a model")
+
+
+def test_a_failing_backend_call_leaves_every_slot_as_it_was(model, monkeypatch):
+    b = BatchedModel(model)
+    b.init_slots(2, 32)
+    p = prompts(2)
+    b.eval([(0, p[0]), (1, p[1])])
+    before = [b.n_past(s) for s in range(2)]
+
+    def boom(batches):
+        raise MemoryError("out of memory in the middle of a call")
+    monkeypatch.setattr(model.backend, "eval_slots", boom)
+    with pytest.raises(MemoryError):
+        b.eval([(0, p[0][:2]), (1, p[1][:1])])
+    assert [b.n_past(s) for s in range(2)] == before
+    monkeypatch.undo()
+    # the next call continues each slot where it was, as a fresh run would
+    r = b.eval([(0, p[1][:3])])[0]
+    model2 = s2core.load(model.model_file.path, backend="numpy")
+    model2.init_kv_cache(32)
+    model2.prefill_fast(p[0])
+    expected = model2.prefill_fast(p[1][:3]).logits  # float32 weights: BLAS rounding only
+    np.testing.assert_allclose(r.logits, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+    model2.close()
+
+
+def test_server_checks_before_anything_runs(model):
+    cap = model.capabilities.max_batch_sequences
+    for bad in (0, cap + 1, True, 1.0):
+        with pytest.raises(InvalidInputError) as info:
+            Server(model, max_sequences=bad)
+        assert info.value.check == "max_sequences"
+    with Server(model, max_sequences=2, max_seq_len=20) as server:
+        with pytest.raises(CacheOverflowError) as info:
+            server.submit(prompts(1)[0], greedy(13))  # 8 + 13 > 20
+        assert info.value.check == "capacity"
+        with pytest.raises(InvalidInputError) as info:
+            server.submit(prompts(1)[0], GenerationConfig(im_end_id=10**9))
+        assert info.value.check == "im_end_id"
+        assert not server.busy
+    with pytest.raises(InvalidInputError) as info:
+        generate_many(model, [])
+    assert info.value.check == "prompts"
+    with pytest.raises(InvalidInputError) as info:
+        generate_many(model, prompts(2), [greedy(2)])
+    assert info.value.check == "config"
+
+
+def test_a_backend_error_fails_the_running_requests_and_keeps_the_waiting(model, monkeypatch):
+    ps = prompts(3)
+    alone = generate(model, ps[2], greedy(3))
+    server = Server(model, max_sequences=2)
+    reqs = [server.submit(p, greedy(3)) for p in ps]
+    server.step()
+    real = model.backend.eval_slots
+    monkeypatch.setattr(model.backend, "eval_slots",
+                        lambda batches: (_ for _ in ()).throw(RuntimeError("device lost")))
+    with pytest.raises(RuntimeError):
+        server.step()
+    for r in reqs[:2]:
+        assert r.done and r.stats.stopped_by == FAILED
+        with pytest.raises(RuntimeError):
+            r.codes()
+    monkeypatch.setattr(model.backend, "eval_slots", real)
+    server.run()
+    np.testing.assert_array_equal(reqs[2].codes(), alone)
+    server.close()
+
+
+def test_slots_are_reused_and_the_server_resizes_when_idle(model):
+    ps = prompts(5)
+    config = greedy(2)
+    with Server(model, max_sequences=2) as server:
+        reqs = [server.submit(p, config) for p in ps]
+        server.run()
+        assert server.batched.n_slots == 2
+        for p, r in zip(ps, reqs):
+            np.testing.assert_array_equal(r.codes(), generate(model, p, config))
+        big = server.submit(ps[0], greedy(30))  # needs more than the slots hold: resized
+        assert len(big.codes()[0]) == 30
+
+
+def test_the_one_slot_fallback_on_a_backend_without_batching(tiny_model):
+    m = s2core.load(tiny_model, backend="example")
+    assert m.capabilities.max_batch_sequences == 1
+    ps = prompts(3)
+    with pytest.raises(InvalidInputError):
+        Server(m, max_sequences=2)
+    many = generate_many(m, ps, greedy(3), max_sequences=4)  # clamped to one at a time
+    for p, codes in zip(ps, many):
+        np.testing.assert_array_equal(codes, generate(m, p, greedy(3)))
+    m.close()
+
+
+def test_a_raising_callback_fails_its_request_only(model):
+    ps = prompts(3)
+    config = greedy(4)
+
+    def on_frame(i, frame):
+        if i == 1:
+            raise ZeroDivisionError("the caller's bug")
+    with Server(model, max_sequences=3) as server:
+        reqs = [server.submit(p, config, on_frame=on_frame if k == 1 else None)
+                for k, p in enumerate(ps)]
+        server.run()
+        assert reqs[1].stats.stopped_by == FAILED and len(reqs[1].frames) == 2
+        with pytest.raises(ZeroDivisionError):
+            reqs[1].codes()
+        for k in (0, 2):
+            np.testing.assert_array_equal(reqs[k].codes(), generate(model, ps[k], config))
+
+
+def test_batched_model_follows_the_model_guard(tiny_model):
+    from s2core.errors import ModelClosedError
+    m = s2core.load(tiny_model, backend="numpy")
+    b = BatchedModel(m)
+    b.init_slots(2, 16)
+    b.eval([(0, prompts(1)[0])])
+    m.close()
+    with pytest.raises(ModelClosedError):
+        b.eval([(1, prompts(1)[0])])
+    b.free_slots()  # allowed: nothing left to free
+    b.close()
+    assert b.max_seq_len is None
