@@ -25,7 +25,9 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from . import inputs
-from .errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, S2CoreError
+from .errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
+                     InvalidInputError, S2CoreError)
+from .memory import backend_kv_cache_bytes, describe_bytes
 from .model import Result, SlowARModel
 
 __all__ = ["BatchedModel"]
@@ -99,7 +101,11 @@ class BatchedModel:
 
     @_guarded
     def init_slots(self, n_slots: int, max_seq_len: int) -> None:
-        """Allocate n_slots zeroed caches of max_seq_len positions; every n_past = 0."""
+        """Allocate n_slots zeroed caches of max_seq_len positions; every n_past = 0.
+
+        Slots larger than the backend can hold raise CacheAllocationError before anything is
+        allocated, as does an allocation that fails; either way the previous slots (or the
+        model's cache) stay as they were."""
         for name, value in (("n_slots", n_slots), ("max_seq_len", max_seq_len)):
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise InvalidInputError(f"{name}_type", f"{name} must be an int, got {value!r}")
@@ -113,12 +119,45 @@ class BatchedModel:
         if not 0 < max_seq_len <= ctx:
             raise InvalidInputError("max_seq_len_range", f"max_seq_len must be in [1, "
                                     f"context_length={ctx}], got {max_seq_len}")
-        self.free_slots()
-        self.model.clear_kv_cache()  # a one-slot backend's slot is the model's cache
-        self.backend.allocate_kv_slots(n_slots, max_seq_len)
+        self._allocate(n_slots, max_seq_len)  # keeps the previous slots if it raises
+        if cap == 1:
+            self.model._forget_cache()  # the one slot replaced the model's cache
+        else:
+            self.model.clear_kv_cache()
         self._max_seq_len = max_seq_len
         self._n_past = [0] * n_slots
         self._rows = [[] for _ in range(n_slots)]
+        self._fast = None
+
+    def _allocate(self, n_slots: int, max_seq_len: int) -> None:
+        """The slots' memory, checked against the limit init_kv_cache uses (the backend's
+        kv_cache_limit_bytes) before the backend is asked: CacheAllocationError naming the
+        sizes, the previous slots (or cache) kept."""
+        need = n_slots * backend_kv_cache_bytes(self.hparams, max_seq_len,
+                                                self.backend.capabilities)
+        limit = self.backend.kv_cache_limit_bytes()
+        if limit is not None and need > limit:
+            raise CacheAllocationError(self._allocation_message(
+                n_slots, max_seq_len, need, f"more than the {describe_bytes(limit)} backend "
+                f"{self.backend.name!r} can allocate here"))
+        try:
+            self.backend.allocate_kv_slots(n_slots, max_seq_len)
+        except S2CoreError:
+            raise
+        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+            raise CacheAllocationError(self._allocation_message(
+                n_slots, max_seq_len, need, f"the allocation failed: {type(exc).__name__}: "
+                f"{str(exc)[:300]}")) from exc
+
+    def _allocation_message(self, n_slots: int, max_seq_len: int, need: int, why: str) -> str:
+        hp = self.hparams
+        held = self.backend.capabilities.kv_cache_held_dtype
+        kept = ("no slots were allocated before" if self._max_seq_len is None else
+                f"the previous {self.n_slots} slots (max_seq_len={self._max_seq_len}, n_past="
+                f"{self._n_past}) are kept")
+        return (f"init_slots({n_slots}, {max_seq_len}): {n_slots} slots of K and V, each "
+                f"{hp.n_layer} layers x {max_seq_len} positions x {hp.n_head_kv} KV heads x "
+                f"{hp.head_dim} in {held}, take {describe_bytes(need)}, {why}; {kept}")
 
     @_guarded
     def reset_slot(self, slot: int) -> None:

@@ -15,8 +15,9 @@ import pytest
 
 from s2core.backend import Backend
 from s2core.batching import BatchedModel
-from s2core.errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, \
-    InvalidTokensError
+from s2core.errors import CacheAllocationError, CacheNotInitializedError, CacheOverflowError, \
+    InvalidInputError, InvalidTokensError
+from s2core.memory import backend_kv_cache_bytes
 from s2core.generation import GenerationConfig, generate
 from s2core.serving import CANCELLED, Server, generate_many
 from s2core.testing.prompts import mixed_prompt, semantic_frame
@@ -197,6 +198,55 @@ class BatchingConformance:
         assert info.value.check == "prefix_shape"
         b.close()
         assert b.max_seq_len is None
+
+    def test_slots_beyond_the_memory_limit_are_refused(self, open_model):
+        """init_slots is held to the limit init_kv_cache uses (kv_cache_limit_bytes), counted
+        for every slot: a request beyond it raises CacheAllocationError naming the sizes and
+        keeps the previous slots, their n_past and K/V, which go on as before."""
+        seqs = _sequences(seed=51)
+        m = open_model("huge-context", "f32")
+        b = BatchedModel(m)
+        n_slots = self._slots(m, 2)
+        b.init_slots(n_slots, 16)
+        b.eval([(s, seqs[s][0][:5]) for s in range(n_slots)])
+        before = [(b.n_past(s), b.kv_slot_snapshot(s)) for s in range(n_slots)]
+        hp, caps = m.hparams, m.capabilities
+        limit = m.backend.kv_cache_limit_bytes()
+        per_position = backend_kv_cache_bytes(hp, 1, caps)
+        requests = [(n_slots, hp.context_length)]
+        if limit is not None and n_slots > 1:
+            # each slot alone fits, all of them do not: the limit counts every slot
+            length = (limit // per_position) * 6 // (10 * n_slots) * 2
+            if 0 < length <= hp.context_length:
+                requests.append((n_slots, length))
+        for want_slots, length in requests:
+            try:
+                b.init_slots(want_slots, length)
+            except CacheAllocationError as exc:
+                text = str(exc)
+                need = want_slots * backend_kv_cache_bytes(hp, length, caps)
+                assert f"init_slots({want_slots}, {length})" in text and "kept" in text, text
+                assert need > (limit or 0) or "failed" in text, text
+            else:
+                pytest.fail(f"init_slots({want_slots}, {length}) allocated "
+                            f"{want_slots * backend_kv_cache_bytes(hp, length, caps)} bytes "
+                            f"beyond kv_cache_limit_bytes()={limit}")
+            assert (b.n_slots, b.max_seq_len) == (n_slots, 16)
+            for s, (n, (k, v)) in enumerate(before):
+                assert b.n_past(s) == n
+                k2, v2 = b.kv_slot_snapshot(s)
+                np.testing.assert_array_equal(k2, k)
+                np.testing.assert_array_equal(v2, v)
+        # the kept slots go on as a fresh set of slots given the same rows
+        after = b.eval([(s, seqs[s][1][0]) for s in range(n_slots)])
+        fresh = BatchedModel(open_model("huge-context", "f32"))
+        fresh.init_slots(n_slots, 16)
+        fresh.eval([(s, seqs[s][0][:5]) for s in range(n_slots)])
+        again = fresh.eval([(s, seqs[s][1][0]) for s in range(n_slots)])
+        for s, (r, ref) in enumerate(zip(after, again)):
+            np.testing.assert_array_equal(r.logits, ref.logits, err_msg=f"slot {s}")
+        fresh.close()
+        b.close()
 
     # ------------------------------------------------------------ serving
     def test_generate_many_equals_generate(self, open_model):
