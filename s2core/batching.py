@@ -76,9 +76,13 @@ class BatchedModel:
         self.backend = model.backend
         self.hparams = model.hparams
         self._n_past: list[int] = []
+        self._shared: list[int] = []  # per slot: positions of the shared prefix it references
         self._rows: list[list[np.ndarray]] = []
         self._max_seq_len: int | None = None
         self._fast: _FastBatchSession | None = None
+        # voice prefixes by id(prefix): (prefix, backend handle) where the backend shares
+        # them, else (prefix, K, V converted to float32 once); held until free_slots
+        self._voices: dict[int, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ state
     @property
@@ -92,8 +96,14 @@ class BatchedModel:
 
     @property
     def max_seq_len(self) -> int | None:
-        """Each slot's capacity in positions, or None when no slots are allocated."""
+        """Each slot's capacity in positions it holds itself, or None when no slots are
+        allocated. A slot that references a shared prefix (restore_prefix -> "shared") holds
+        only the positions after it: it reaches that prefix's length + max_seq_len."""
         return self._max_seq_len
+
+    def shared_positions(self, slot: int) -> int:
+        """Positions of the shared prefix the slot references (0 without one)."""
+        return self._shared[self._check_slot(slot)]
 
     @_guarded
     def n_past(self, slot: int) -> int:
@@ -126,8 +136,10 @@ class BatchedModel:
             self.model.clear_kv_cache()
         self._max_seq_len = max_seq_len
         self._n_past = [0] * n_slots
+        self._shared = [0] * n_slots
         self._rows = [[] for _ in range(n_slots)]
         self._fast = None
+        self._voices = {}
 
     def _allocate(self, n_slots: int, max_seq_len: int) -> None:
         """The slots' memory, checked against the limit init_kv_cache uses (the backend's
@@ -163,7 +175,9 @@ class BatchedModel:
     def reset_slot(self, slot: int) -> None:
         """The slot starts a new sequence (n_past = 0); its rows are overwritten as it goes."""
         slot = self._check_slot(slot)
-        self._n_past[slot] = 0
+        if self.backend.capabilities.shares_kv_prefix:
+            self.backend.attach_kv_prefix(slot, None)
+        self._n_past[slot] = self._shared[slot] = 0
         self._rows[slot] = []
 
     @_guarded
@@ -172,7 +186,8 @@ class BatchedModel:
         if not self.model.closed:
             self.backend.free_kv_slots()
         self._max_seq_len = None
-        self._n_past, self._rows, self._fast = [], [], None
+        self._n_past, self._shared, self._rows, self._fast = [], [], [], None
+        self._voices = {}
 
     @_guarded
     def kv_slot_snapshot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -239,27 +254,49 @@ class BatchedModel:
     @_guarded
     def restore_prefix(self, slot: int, prefix: Any) -> str:
         """The slot's positions [0, n) become the prefix's, n_past = n (the model's
-        restore_prefix for one slot): "written" or "recomputed" (prefilled again)."""
+        restore_prefix for one slot). How, by the backend's capabilities: "shared" (the
+        prefix's K/V are held once by the backend, for every slot that starts with this
+        prefix object, and referenced by the slot), "written" (converted once, copied into
+        the slot) or "recomputed" (prefilled again)."""
         slot = self._check_slot(slot)
-        self.model.check_prefix(prefix, self._max_seq_len)
-        if not self.backend.capabilities.writes_kv_cache:
+        caps = self.backend.capabilities
+        voice = self._voices.get(id(prefix))
+        if voice is None or voice[0] is not prefix:
+            # a shared prefix is not in the slot: its positions count against the context
+            self.model.check_prefix(prefix, self.hparams.context_length
+                                    if caps.shares_kv_prefix else self._max_seq_len)
+            voice = None
+        if caps.shares_kv_prefix:
+            if voice is None:
+                voice = self._voices[id(prefix)] = (
+                    prefix, self.backend.add_kv_prefix(prefix.k, prefix.v))
+            try:
+                self.backend.attach_kv_prefix(slot, voice[1])
+            except BaseException:
+                self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
+                raise
+            self._n_past[slot] = self._shared[slot] = prefix.n_positions
+            self._rows[slot] = [prefix.tokens.copy()]
+            return "shared"
+        if not caps.writes_kv_cache:
             self.reset_slot(slot)
             self.eval([(slot, prefix.tokens)])
             return "recomputed"
-        self.write_prefix_kv(slot, prefix, prefix.k, prefix.v)
+        if voice is None:
+            voice = self._voices[id(prefix)] = (prefix, prefix.k, prefix.v)
+        self.write_prefix_kv(slot, prefix, voice[1], voice[2])
         return "written"
 
     @_guarded
     def write_prefix_kv(self, slot: int, prefix: Any, k: np.ndarray, v: np.ndarray) -> None:
-        """restore_prefix with the prefix's float32 K/V already converted (a server converts
-        them once and writes them into every slot that starts with the voice). The caller has
-        run model.check_prefix."""
+        """Copy a prefix's float32 K/V (already converted) into the slot: restore_prefix's
+        "written" form. The caller has run model.check_prefix."""
         try:
             self.backend.write_kv_slot(slot, k, v)
         except BaseException:
-            self._n_past[slot], self._rows[slot] = 0, []
+            self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
             raise
-        self._n_past[slot] = prefix.n_positions
+        self._n_past[slot], self._shared[slot] = prefix.n_positions, 0
         self._rows[slot] = [prefix.tokens.copy()]
 
     # ------------------------------------------------------------------ checks
@@ -298,11 +335,18 @@ class BatchedModel:
                                         "call: each slot's rows must be one contiguous batch")
             seen.add(slot)
             mat = inputs.token_matrix(tokens, None, self.hparams)
-            n_past = self._n_past[slot]
-            if n_past + len(mat) > capacity:
-                raise CacheOverflowError("capacity", f"slot {slot}: n_past ({n_past}) + "
-                                         f"n_tokens ({len(mat)}) = {n_past + len(mat)} exceeds "
+            n_past, shared = self._n_past[slot], self._shared[slot]
+            if n_past - shared + len(mat) > capacity:
+                held = f"n_past ({n_past}) - shared prefix ({shared})" if shared else \
+                    f"n_past ({n_past})"
+                raise CacheOverflowError("capacity", f"slot {slot}: {held} + n_tokens "
+                                         f"({len(mat)}) = {n_past - shared + len(mat)} exceeds "
                                          f"the slot capacity max_seq_len={capacity}")
+            ctx = self.hparams.context_length
+            if n_past + len(mat) > ctx:
+                raise CacheOverflowError("context_length", f"slot {slot}: n_past ({n_past}) + "
+                                         f"n_tokens ({len(mat)}) = {n_past + len(mat)} exceeds "
+                                         f"context_length={ctx}")
             batches.append((slot, inputs.make_batch(mat, n_past, self.hparams)))
         return batches
 
