@@ -80,8 +80,9 @@ class BatchedModel:
         self._rows: list[list[np.ndarray]] = []
         self._max_seq_len: int | None = None
         self._fast: _FastBatchSession | None = None
-        # voice prefixes by id(prefix): (prefix, backend handle) where the backend shares
-        # them, else (prefix, K, V converted to float32 once); held until free_slots
+        # voice prefixes by id(prefix): (prefix, backend handle, token rows) where the
+        # backend shares them, else (prefix, K, V converted to float32 once); held until
+        # free_slots
         self._voices: dict[int, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ state
@@ -268,15 +269,17 @@ class BatchedModel:
             voice = None
         if caps.shares_kv_prefix:
             if voice is None:
+                tokens = prefix.tokens.copy()  # one copy per voice, as its K/V
+                tokens.flags.writeable = False
                 voice = self._voices[id(prefix)] = (
-                    prefix, self.backend.add_kv_prefix(prefix.k, prefix.v))
+                    prefix, self.backend.add_kv_prefix(prefix.k, prefix.v), tokens)
             try:
                 self.backend.attach_kv_prefix(slot, voice[1])
             except BaseException:
                 self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
                 raise
             self._n_past[slot] = self._shared[slot] = prefix.n_positions
-            self._rows[slot] = [prefix.tokens.copy()]
+            self._rows[slot] = [voice[2]]
             return "shared"
         if not caps.writes_kv_cache:
             self.reset_slot(slot)
