@@ -30,7 +30,7 @@ def _matrices(n_out: int, n_in: int):
 
 
 @numba_only
-@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 8, 13, 31])
+@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 6, 8, 13, 31])
 @pytest.mark.parametrize("n_out,n_in", [(100, 96), (200, 320)])
 def test_few_row_products_equal_one_row_products_bit_for_bit(n_out, n_in, n_rows):
     x = np.random.default_rng(n_rows).standard_normal((n_rows, n_in), dtype=np.float32)
