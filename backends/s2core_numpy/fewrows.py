@@ -15,6 +15,8 @@ padded to four (zero rows, outputs dropped).
 
 Measured on 9728 x 2560 (2 shared cores, noisy): 4 rows in 10.5 ms (F16, was 16) and 3.7 ms
 (Q8_0, was 11); 28 rows (a prefill chunk) 61 and 28 ms (were 69 and 92).
+With the two-row kernels (same matrix, medians of 15, 2 cores): F16 1 / 2 / 4 rows 4.7 / 5.8
+/ 8.8 ms, Q8_0 2.3 / 1.7 / 6.2 ms (two rows had cost what four do).
 
 Every row is accumulated exactly as the one-row kernels do it (F16: sum over inputs of
 (w * 2^112) * x in input order; Q8_0: each block's integer-weighted sum in input order, then
