@@ -67,6 +67,10 @@ class Capabilities:
     #: how many independent sequences (KV slots) one `eval_slots` call evaluates; 1 (the
     #: default) is a backend without batching: the core then serves one sequence at a time
     max_batch_sequences: int = 1
+    #: the backend's KV slots can reference a shared, read-only voice prefix
+    #: (`add_kv_prefix`, `attach_kv_prefix`): slots in one voice hold its K/V once. Without
+    #: it the core copies the prefix's K/V into each slot (writes_kv_cache) or recomputes it
+    shares_kv_prefix: bool = False
 
     def __post_init__(self):
         # Sets and lists where frozensets and tuples are meant are taken as such.
@@ -95,7 +99,8 @@ class Capabilities:
 
         if not (isinstance(self.device, str) and self.device):
             p.append(f"device={self.device!r} is not a non-empty string")
-        for flag in ("accelerator", "requires_single_token_semantic_prefill", "writes_kv_cache"):
+        for flag in ("accelerator", "requires_single_token_semantic_prefill", "writes_kv_cache",
+                     "shares_kv_prefix"):
             if not isinstance(getattr(self, flag), bool):
                 p.append(f"{flag}={getattr(self, flag)!r} is not a bool")
         n = self.n_accelerated_layers
@@ -252,8 +257,10 @@ class Backend(ABC):
     # of these; the defaults below are the one-slot case on the single-sequence cache, so
     # every backend serves through the same core code (one sequence at a time).
     def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
-        """Allocate n_slots caches of max_seq_len positions each, zero-filled. The core
-        guarantees 1 <= n_slots <= max_batch_sequences and calls free_kv_slots first."""
+        """Allocate n_slots caches of max_seq_len positions each, zero-filled, replacing the
+        slots held. The core guarantees 1 <= n_slots <= max_batch_sequences and that n_slots
+        caches fit kv_cache_limit_bytes(). If it raises, the previous slots must still be
+        held, unchanged: build the new ones before dropping the old."""
         self.allocate_kv_cache(max_seq_len)
 
     def free_kv_slots(self) -> None:
@@ -275,6 +282,22 @@ class Backend(ABC):
         of each batch's last position, in order (the rules of eval_cached, per slot). A
         batching backend evaluates every row of the call with one read of each weight."""
         return [self.eval_cached(batch) for _, batch in batches]
+
+    # Optional (declare `Capabilities.shares_kv_prefix`): a voice prefix held once and
+    # referenced by every slot that starts with it, never copied into the slots.
+    def add_kv_prefix(self, k: np.ndarray, v: np.ndarray) -> Any:
+        """Hold one read-only prefix segment: K and V float32 [n_layer, n, n_head_kv,
+        head_dim] holding values of the cache type (what read_kv_slot returns). Returns a
+        handle for attach_kv_prefix. Segments live until free_kv_slots."""
+        raise NotImplementedError(f"backend {self.name!r} cannot share a KV prefix")
+
+    def attach_kv_prefix(self, slot: int, handle: Any) -> None:
+        """The slot's positions [0, n) become the segment's (handle from add_kv_prefix), or,
+        with handle None, the slot has no prefix again. The core then sets the slot's n_past
+        to n (or 0): eval_slots batches at positions >= n attend over the segment's n rows
+        and then the slot's own rows (its K/V of positions n and later), and read_kv_slot
+        returns the segment's rows followed by the slot's own. write_kv_slot detaches."""
+        raise NotImplementedError(f"backend {self.name!r} cannot share a KV prefix")
 
     def fast_decode_batch(self, hiddens: np.ndarray, prefix_codes: np.ndarray) -> Any:
         """Fast-AR logits (B, codebook_size) for B sequences at once: row b is

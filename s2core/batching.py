@@ -25,7 +25,9 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from . import inputs
-from .errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, S2CoreError
+from .errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
+                     InvalidInputError, S2CoreError)
+from .memory import backend_kv_cache_bytes, describe_bytes
 from .model import Result, SlowARModel
 
 __all__ = ["BatchedModel"]
@@ -74,9 +76,14 @@ class BatchedModel:
         self.backend = model.backend
         self.hparams = model.hparams
         self._n_past: list[int] = []
+        self._shared: list[int] = []  # per slot: positions of the shared prefix it references
         self._rows: list[list[np.ndarray]] = []
         self._max_seq_len: int | None = None
         self._fast: _FastBatchSession | None = None
+        # voice prefixes by id(prefix): (prefix, backend handle, token rows) where the
+        # backend shares them, else (prefix, K, V converted to float32 once); held until
+        # free_slots
+        self._voices: dict[int, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ state
     @property
@@ -90,8 +97,14 @@ class BatchedModel:
 
     @property
     def max_seq_len(self) -> int | None:
-        """Each slot's capacity in positions, or None when no slots are allocated."""
+        """Each slot's capacity in positions it holds itself, or None when no slots are
+        allocated. A slot that references a shared prefix (restore_prefix -> "shared") holds
+        only the positions after it: it reaches that prefix's length + max_seq_len."""
         return self._max_seq_len
+
+    def shared_positions(self, slot: int) -> int:
+        """Positions of the shared prefix the slot references (0 without one)."""
+        return self._shared[self._check_slot(slot)]
 
     @_guarded
     def n_past(self, slot: int) -> int:
@@ -99,7 +112,11 @@ class BatchedModel:
 
     @_guarded
     def init_slots(self, n_slots: int, max_seq_len: int) -> None:
-        """Allocate n_slots zeroed caches of max_seq_len positions; every n_past = 0."""
+        """Allocate n_slots zeroed caches of max_seq_len positions; every n_past = 0.
+
+        Slots larger than the backend can hold raise CacheAllocationError before anything is
+        allocated, as does an allocation that fails; either way the previous slots (or the
+        model's cache) stay as they were."""
         for name, value in (("n_slots", n_slots), ("max_seq_len", max_seq_len)):
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise InvalidInputError(f"{name}_type", f"{name} must be an int, got {value!r}")
@@ -113,18 +130,55 @@ class BatchedModel:
         if not 0 < max_seq_len <= ctx:
             raise InvalidInputError("max_seq_len_range", f"max_seq_len must be in [1, "
                                     f"context_length={ctx}], got {max_seq_len}")
-        self.free_slots()
-        self.model.clear_kv_cache()  # a one-slot backend's slot is the model's cache
-        self.backend.allocate_kv_slots(n_slots, max_seq_len)
+        self._allocate(n_slots, max_seq_len)  # keeps the previous slots if it raises
+        if cap == 1:
+            self.model._forget_cache()  # the one slot replaced the model's cache
+        else:
+            self.model.clear_kv_cache()
         self._max_seq_len = max_seq_len
         self._n_past = [0] * n_slots
+        self._shared = [0] * n_slots
         self._rows = [[] for _ in range(n_slots)]
+        self._fast = None
+        self._voices = {}
+
+    def _allocate(self, n_slots: int, max_seq_len: int) -> None:
+        """The slots' memory, checked against the limit init_kv_cache uses (the backend's
+        kv_cache_limit_bytes) before the backend is asked: CacheAllocationError naming the
+        sizes, the previous slots (or cache) kept."""
+        need = n_slots * backend_kv_cache_bytes(self.hparams, max_seq_len,
+                                                self.backend.capabilities)
+        limit = self.backend.kv_cache_limit_bytes()
+        if limit is not None and need > limit:
+            raise CacheAllocationError(self._allocation_message(
+                n_slots, max_seq_len, need, f"more than the {describe_bytes(limit)} backend "
+                f"{self.backend.name!r} can allocate here"))
+        try:
+            self.backend.allocate_kv_slots(n_slots, max_seq_len)
+        except S2CoreError:
+            raise
+        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+            raise CacheAllocationError(self._allocation_message(
+                n_slots, max_seq_len, need, f"the allocation failed: {type(exc).__name__}: "
+                f"{str(exc)[:300]}")) from exc
+
+    def _allocation_message(self, n_slots: int, max_seq_len: int, need: int, why: str) -> str:
+        hp = self.hparams
+        held = self.backend.capabilities.kv_cache_held_dtype
+        kept = ("no slots were allocated before" if self._max_seq_len is None else
+                f"the previous {self.n_slots} slots (max_seq_len={self._max_seq_len}, n_past="
+                f"{self._n_past}) are kept")
+        return (f"init_slots({n_slots}, {max_seq_len}): {n_slots} slots of K and V, each "
+                f"{hp.n_layer} layers x {max_seq_len} positions x {hp.n_head_kv} KV heads x "
+                f"{hp.head_dim} in {held}, take {describe_bytes(need)}, {why}; {kept}")
 
     @_guarded
     def reset_slot(self, slot: int) -> None:
         """The slot starts a new sequence (n_past = 0); its rows are overwritten as it goes."""
         slot = self._check_slot(slot)
-        self._n_past[slot] = 0
+        if self.backend.capabilities.shares_kv_prefix:
+            self.backend.attach_kv_prefix(slot, None)
+        self._n_past[slot] = self._shared[slot] = 0
         self._rows[slot] = []
 
     @_guarded
@@ -133,7 +187,8 @@ class BatchedModel:
         if not self.model.closed:
             self.backend.free_kv_slots()
         self._max_seq_len = None
-        self._n_past, self._rows, self._fast = [], [], None
+        self._n_past, self._shared, self._rows, self._fast = [], [], [], None
+        self._voices = {}
 
     @_guarded
     def kv_slot_snapshot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -200,27 +255,51 @@ class BatchedModel:
     @_guarded
     def restore_prefix(self, slot: int, prefix: Any) -> str:
         """The slot's positions [0, n) become the prefix's, n_past = n (the model's
-        restore_prefix for one slot): "written" or "recomputed" (prefilled again)."""
+        restore_prefix for one slot). How, by the backend's capabilities: "shared" (the
+        prefix's K/V are held once by the backend, for every slot that starts with this
+        prefix object, and referenced by the slot), "written" (converted once, copied into
+        the slot) or "recomputed" (prefilled again)."""
         slot = self._check_slot(slot)
-        self.model.check_prefix(prefix, self._max_seq_len)
-        if not self.backend.capabilities.writes_kv_cache:
+        caps = self.backend.capabilities
+        voice = self._voices.get(id(prefix))
+        if voice is None or voice[0] is not prefix:
+            # a shared prefix is not in the slot: its positions count against the context
+            self.model.check_prefix(prefix, self.hparams.context_length
+                                    if caps.shares_kv_prefix else self._max_seq_len)
+            voice = None
+        if caps.shares_kv_prefix:
+            if voice is None:
+                tokens = prefix.tokens.copy()  # one copy per voice, as its K/V
+                tokens.flags.writeable = False
+                voice = self._voices[id(prefix)] = (
+                    prefix, self.backend.add_kv_prefix(prefix.k, prefix.v), tokens)
+            try:
+                self.backend.attach_kv_prefix(slot, voice[1])
+            except BaseException:
+                self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
+                raise
+            self._n_past[slot] = self._shared[slot] = prefix.n_positions
+            self._rows[slot] = [voice[2]]
+            return "shared"
+        if not caps.writes_kv_cache:
             self.reset_slot(slot)
             self.eval([(slot, prefix.tokens)])
             return "recomputed"
-        self.write_prefix_kv(slot, prefix, prefix.k, prefix.v)
+        if voice is None:
+            voice = self._voices[id(prefix)] = (prefix, prefix.k, prefix.v)
+        self.write_prefix_kv(slot, prefix, voice[1], voice[2])
         return "written"
 
     @_guarded
     def write_prefix_kv(self, slot: int, prefix: Any, k: np.ndarray, v: np.ndarray) -> None:
-        """restore_prefix with the prefix's float32 K/V already converted (a server converts
-        them once and writes them into every slot that starts with the voice). The caller has
-        run model.check_prefix."""
+        """Copy a prefix's float32 K/V (already converted) into the slot: restore_prefix's
+        "written" form. The caller has run model.check_prefix."""
         try:
             self.backend.write_kv_slot(slot, k, v)
         except BaseException:
-            self._n_past[slot], self._rows[slot] = 0, []
+            self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
             raise
-        self._n_past[slot] = prefix.n_positions
+        self._n_past[slot], self._shared[slot] = prefix.n_positions, 0
         self._rows[slot] = [prefix.tokens.copy()]
 
     # ------------------------------------------------------------------ checks
@@ -259,11 +338,18 @@ class BatchedModel:
                                         "call: each slot's rows must be one contiguous batch")
             seen.add(slot)
             mat = inputs.token_matrix(tokens, None, self.hparams)
-            n_past = self._n_past[slot]
-            if n_past + len(mat) > capacity:
-                raise CacheOverflowError("capacity", f"slot {slot}: n_past ({n_past}) + "
-                                         f"n_tokens ({len(mat)}) = {n_past + len(mat)} exceeds "
+            n_past, shared = self._n_past[slot], self._shared[slot]
+            if n_past - shared + len(mat) > capacity:
+                held = f"n_past ({n_past}) - shared prefix ({shared})" if shared else \
+                    f"n_past ({n_past})"
+                raise CacheOverflowError("capacity", f"slot {slot}: {held} + n_tokens "
+                                         f"({len(mat)}) = {n_past - shared + len(mat)} exceeds "
                                          f"the slot capacity max_seq_len={capacity}")
+            ctx = self.hparams.context_length
+            if n_past + len(mat) > ctx:
+                raise CacheOverflowError("context_length", f"slot {slot}: n_past ({n_past}) + "
+                                         f"n_tokens ({len(mat)}) = {n_past + len(mat)} exceeds "
+                                         f"context_length={ctx}")
             batches.append((slot, inputs.make_batch(mat, n_past, self.hparams)))
         return batches
 

@@ -121,6 +121,9 @@ class GenerationStats:
     #: True when the prefix was recomputed from its token rows (a backend that cannot write
     #: its cache), not written
     prefix_recomputed: bool = False
+    #: True when the prefix's K/V were not copied for this synthesis: a server's slot
+    #: referenced the voice's K/V, held once by the backend (Capabilities.shares_kv_prefix)
+    prefix_shared: bool = False
     restore_s: float = 0.0
     prefill_s: float = 0.0
     #: from the call to the first frame's codes (prompt, first sample, first Fast-AR codes)

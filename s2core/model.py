@@ -174,6 +174,11 @@ class SlowARModel:
 
     def _clear(self) -> None:
         self.backend.free_kv_cache()
+        self._forget_cache()
+
+    def _forget_cache(self) -> None:
+        """No cache from now on, without freeing the backend's (a one-slot BatchedModel took
+        it over as its slot)."""
         self._max_seq_len = None
         self._n_past = 0
         self._rows = []

@@ -30,7 +30,7 @@ def _matrices(n_out: int, n_in: int):
 
 
 @numba_only
-@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 8, 13, 31])
+@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 6, 8, 13, 31])
 @pytest.mark.parametrize("n_out,n_in", [(100, 96), (200, 320)])
 def test_few_row_products_equal_one_row_products_bit_for_bit(n_out, n_in, n_rows):
     x = np.random.default_rng(n_rows).standard_normal((n_rows, n_in), dtype=np.float32)
@@ -78,3 +78,51 @@ def test_batched_decode_is_bit_identical_to_each_sequence_alone(weight_type):
 def test_numpy_declares_batching():
     caps = plugin.numpy_capabilities()
     assert caps.max_batch_sequences == plugin.MAX_BATCH_SEQUENCES > 1
+
+
+def test_slots_in_one_voice_hold_its_prefix_once():
+    """Memory measured (tracemalloc sees NumPy's allocations): four slots that start with one
+    voice hold its K/V once and only their own positions; a server sizes its slots so."""
+    import tracemalloc
+
+    from s2core.generation import GenerationConfig
+    from s2core.memory import kv_cache_bytes
+    from s2core.serving import Server
+
+    hp = CONFIGS["gqa4"]
+    m = s2core.load(kit_model("gqa4", "f16"), backend="numpy", kv_cache_dtype="f32")
+    rng = np.random.default_rng(3)
+    voice = mixed_prompt(hp, 200, rng)
+    m.init_kv_cache(len(voice))
+    m.prefill(voice)
+    prefix = m.save_prefix()
+    m.clear_kv_cache()
+    one_prefix = kv_cache_bytes(hp, len(voice), "f32")
+    own = 10
+    b = BatchedModel(m)
+    b.init_slots(4, own)
+    slot_bytes = kv_cache_bytes(hp, own, "f32") * 4
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert [b.restore_prefix(s, prefix) for s in range(4)] == ["shared"] * 4
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # the prefix once (and small change); copied into each slot it would be four times
+    assert one_prefix <= held < 1.25 * one_prefix, (held, one_prefix)
+    assert m.backend._slots.k.nbytes + m.backend._slots.v.nbytes == slot_bytes
+    assert [b.n_past(s) for s in range(4)] == [len(voice)] * 4
+    b.eval([(s, mixed_prompt(hp, own, rng)) for s in range(4)])  # all own positions used
+    b.close()
+
+    prompts = [np.vstack([voice, mixed_prompt(hp, 6, rng)]) for _ in range(4)]
+    config = GenerationConfig(max_new_tokens=4, im_end_id=199, temperature=0, seed=0,
+                              min_tokens_before_end=4)
+    with Server(m, max_sequences=4) as server:
+        reqs = [server.submit(p, config, prefix=prefix) for p in prompts]
+        server.step()
+        assert server.batched.max_seq_len == 6 + 4  # the positions after the voice
+        assert len(m.backend._slots.prefixes) == 1 and m.backend._slots.attached == [0] * 4
+        server.run()
+        assert all(r.stats.prefix_shared and r.codes().shape[1] == 4 for r in reqs)

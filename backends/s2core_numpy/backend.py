@@ -191,6 +191,12 @@ class NumpyBackend(Backend):
     def write_kv_slot(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
         self._slots.write(slot, k, v)
 
+    def add_kv_prefix(self, k: np.ndarray, v: np.ndarray) -> int:
+        return self._slots.add_prefix(k, v)
+
+    def attach_kv_prefix(self, slot: int, handle) -> None:
+        self._slots.attach(slot, handle)
+
     def eval_slots(self, batches: list[tuple[int, EvalBatch]]
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
         from .slots import eval_slots

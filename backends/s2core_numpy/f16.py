@@ -122,8 +122,8 @@ class F16Matrix(TiledMatrix):
         _matvec_tiles(self.codes, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        from .fewrows import few_rows, f16_rows  # rows in groups of four (fewrows.py)
-        few_rows(f16_rows, (self.codes.view(np.int16),), x, out)
+        from .fewrows import f16_pair, f16_rows, few_rows  # groups of four, two (fewrows.py)
+        few_rows((f16_rows, f16_pair), (self.codes.view(np.int16),), x, out)
 
     def _decode_transposed(self, w_t: np.ndarray) -> None:
         _decode_transposed(self.codes, w_t)

@@ -8,12 +8,15 @@ Here rows go in groups of four with four accumulators of the compile-time TILE: 
 weight feeds four multiply-adds, and the loops vectorize fully (AVX-512 here). The
 accumulators still go through L1 on every input (numba's arrays are not promoted to
 registers), so with four rows the kernels are bound by those loads and stores and by the
-arithmetic, not by memory: what keeps a batch of four from costing what one row costs. Rows
-are padded to a multiple of four with zeros (their outputs are dropped), so two rows cost
-what four do.
+arithmetic, not by memory: what keeps a batch of four from costing what one row costs. The
+rows left after the groups of four go to a two-row form of each kernel when they are one or
+two (one padded with a zero row), so a batch of two costs about half what four do; three are
+padded to four (zero rows, outputs dropped).
 
 Measured on 9728 x 2560 (2 shared cores, noisy): 4 rows in 10.5 ms (F16, was 16) and 3.7 ms
 (Q8_0, was 11); 28 rows (a prefill chunk) 61 and 28 ms (were 69 and 92).
+With the two-row kernels (same matrix, medians of 15, 2 cores): F16 1 / 2 / 4 rows 4.7 / 5.8
+/ 8.8 ms, Q8_0 2.3 / 1.7 / 6.2 ms (two rows had cost what four do).
 
 Every row is accumulated exactly as the one-row kernels do it (F16: sum over inputs of
 (w * 2^112) * x in input order; Q8_0: each block's integer-weighted sum in input order, then
@@ -32,17 +35,6 @@ from .tiled import TILE
 
 #: rows computed together from each widened weight
 GROUP = 4
-
-
-def padded_rows(x: np.ndarray) -> np.ndarray:
-    """x (n, in) with zero rows appended up to a multiple of GROUP (float32, contiguous)."""
-    n = x.shape[0]
-    m = -(-n // GROUP) * GROUP
-    if m == n:
-        return np.ascontiguousarray(x, dtype=np.float32)
-    out = np.zeros((m, x.shape[1]), np.float32)
-    out[:n] = x
-    return out
 
 
 #: float32 bits to keep after a sign-extended float16 is shifted left by 13: the sign (bit 31,
@@ -132,14 +124,82 @@ def q8_0_rows(codes, scales, x, out):
                 out[g + 3, t * TILE + j] = a3[j]
 
 
-def few_rows(kernel, weights: tuple, x: np.ndarray, out: np.ndarray) -> None:
-    """out (n, padded out) = x (n, in) @ W^T with `kernel(*weights, x, out)`, padding the rows
-    to a multiple of GROUP when needed."""
+@njit(parallel=True, cache=True)
+def f16_pair(codes, x, out):
+    """f16_rows for two rows (x (2, in)), each accumulated as there."""
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):
+        bits = np.empty(TILE, np.int32)
+        a0 = np.zeros(TILE, np.float32)
+        a1 = np.zeros(TILE, np.float32)
+        for i in range(n_in):
+            for j in range(TILE):
+                bits[j] = (np.int32(codes[t, i, j]) << np.int32(13)) & _SIGN_AND_MAGNITUDE
+            w = bits.view(np.float32)
+            x0, x1 = x[0, i], x[1, i]
+            for j in range(TILE):
+                wj = w[j] * _UNSCALE
+                a0[j] += wj * x0
+                a1[j] += wj * x1
+        for j in range(TILE):
+            out[0, t * TILE + j] = a0[j]
+            out[1, t * TILE + j] = a1[j]
+
+
+@njit(parallel=True, cache=True)
+def q8_0_pair(codes, scales, x, out):
+    """q8_0_rows for two rows (x (2, in)), each accumulated as there."""
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):
+        a0 = np.zeros(TILE, np.float32)
+        a1 = np.zeros(TILE, np.float32)
+        b0 = np.empty(TILE, np.float32)
+        b1 = np.empty(TILE, np.float32)
+        for b in range(n_in // BLOCK):
+            b0[:] = 0.0
+            b1[:] = 0.0
+            for i in range(b * BLOCK, (b + 1) * BLOCK):
+                x0, x1 = x[0, i], x[1, i]
+                for j in range(TILE):
+                    c = np.float32(codes[t, i, j])
+                    b0[j] += c * x0
+                    b1[j] += c * x1
+            for j in range(TILE):
+                s = scales[t, b, j]
+                a0[j] += b0[j] * s
+                a1[j] += b1[j] * s
+        for j in range(TILE):
+            out[0, t * TILE + j] = a0[j]
+            out[1, t * TILE + j] = a1[j]
+
+
+def few_rows(kernels: tuple, weights: tuple, x: np.ndarray, out: np.ndarray) -> None:
+    """out (n, padded out) = x (n, in) @ W^T with kernels (four-row, two-row), each called
+    as `kernel(*weights, x, out)`: groups of four, then one or two rows left by the two-row
+    kernel, three left padded to four."""
+    four, two = kernels
     n = x.shape[0]
-    xp = padded_rows(x)
-    if xp.shape[0] == n:
-        kernel(*weights, xp, out)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    left = n % GROUP
+    if left == 3:
+        _padded(four, weights, x, out, GROUP)
         return
-    tmp = np.empty((xp.shape[0], out.shape[1]), np.float32)
+    whole = n - left
+    if whole:
+        four(*weights, x[:whole], out[:whole])
+    if left:
+        _padded(two, weights, x[whole:], out[whole:], 2)
+
+
+def _padded(kernel, weights: tuple, x: np.ndarray, out: np.ndarray, group: int) -> None:
+    """kernel over x's rows padded with zero rows to a multiple of `group`."""
+    n = x.shape[0]
+    m = -(-n // group) * group
+    if m == n:
+        kernel(*weights, x, out)
+        return
+    xp = np.zeros((m, x.shape[1]), np.float32)
+    xp[:n] = x
+    tmp = np.empty((m, out.shape[1]), np.float32)
     kernel(*weights, xp, tmp)
     out[...] = tmp[:n]

@@ -117,8 +117,8 @@ class Q8Matrix(TiledMatrix):
         _matvec_tiles(self.codes, self.scales, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        from .fewrows import few_rows, q8_0_rows  # rows in groups of four (fewrows.py)
-        few_rows(q8_0_rows, (self.codes, self.scales), x, out)
+        from .fewrows import few_rows, q8_0_pair, q8_0_rows  # groups of four, two (fewrows.py)
+        few_rows((q8_0_rows, q8_0_pair), (self.codes, self.scales), x, out)
 
     def _decode_transposed(self, w_t: np.ndarray) -> None:
         _decode_transposed(self.codes, self.scales, w_t)

@@ -28,9 +28,11 @@ from .weights import gather, linear
 
 def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: np.ndarray,
                        segments: list[tuple[int, int, int]], k_layer, v_layer,
-                       last_only: bool, round_f16: bool) -> np.ndarray:
+                       last_only: bool, round_f16: bool, prefix_layer=None) -> np.ndarray:
     """backend.run_block for several sequences: x holds every segment's rows. segments:
     (lo, hi, start) per sequence; k_layer(i) / v_layer(i): segment i's cache of this layer.
+    prefix_layer(i): None, or the (K, V) of this layer of the shared prefix segment i starts
+    with: its n rows are positions [0, n), and its own cache holds positions n and later.
     last_only: only each segment's last row is returned (in segment order)."""
     from .backend import qkv_projection  # the single-sequence projections, shared
 
@@ -38,15 +40,21 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
     attn, kept = [], []
     for i, (lo, hi, start) in enumerate(segments):
         end = start + hi - lo
+        shared = None if prefix_layer is None else prefix_layer(i)
+        base = 0 if shared is None else shared[0].shape[1]
         k_cache, v_cache = k_layer(i), v_layer(i)
-        k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
+        k_new, v_new = k_cache[:, start - base:end - base], v_cache[:, start - base:end - base]
         k_new[...] = k[lo:hi].transpose(1, 0, 2)  # unrounded within this call, as run_block
         v_new[...] = v[lo:hi].transpose(1, 0, 2)
         q_lo, q_start = lo, start
         if last_only and hi - lo > 1:
             q_lo, q_start = hi - 1, end - 1
-        attn.append(ops.causal_attention(q[q_lo:hi], k_cache[:, :end], v_cache[:, :end],
-                                         q_start, s.attn_scale))
+        if shared is None:
+            attn.append(ops.causal_attention(q[q_lo:hi], k_cache[:, :end], v_cache[:, :end],
+                                             q_start, s.attn_scale))
+        else:
+            attn.append(prefixed_attention(q[q_lo:hi], *shared, k_cache[:, :end - base],
+                                           v_cache[:, :end - base], q_start, s.attn_scale))
         kept.append((q_lo, hi))
         if round_f16:
             k_new[...] = k_new.astype(np.float16)
@@ -59,6 +67,33 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
     return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
 
 
+def prefixed_attention(q: np.ndarray, k_prefix: np.ndarray, v_prefix: np.ndarray,
+                       k: np.ndarray, v: np.ndarray, q_start: int, scale: float) -> np.ndarray:
+    """ops.causal_attention over keys held in two blocks, the shared prefix's (positions
+    [0, n)) and then the sequence's own (positions n and later), without joining them: the
+    scores of both blocks go into one softmax, and the weighted sum reads each block's V in
+    place. Only the order of that last sum differs from one block (float32 rounding)."""
+    n, n_head, d = q.shape
+    n_kv, p = k_prefix.shape[0], k_prefix.shape[1]
+    t = p + k.shape[1]
+    group = n_head // n_kv
+    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
+    scores = np.empty((n_kv, group * n, t), np.float32)
+    scores[:, :, :p] = np.matmul(qg, k_prefix.transpose(0, 2, 1))
+    scores[:, :, p:] = np.matmul(qg, k.transpose(0, 2, 1))
+    scores *= np.float32(scale)
+    scores = scores.reshape(n_kv, group, n, t)
+    if n > 1 or q_start + n < t:
+        visible = np.arange(t)[None, :] <= (q_start + np.arange(n))[:, None]  # (n, T)
+        scores = np.where(visible, scores, np.float32(-np.inf))
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    w = scores.reshape(n_kv, group * n, t)
+    out = np.matmul(w[:, :, :p], v_prefix) + np.matmul(w[:, :, p:], v)  # (n_kv, group*n, d)
+    return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
+
+
 def segments_of(batches: list[EvalBatch]) -> list[tuple[int, int, int]]:
     out, lo = [], 0
     for b in batches:
@@ -69,19 +104,48 @@ def segments_of(batches: list[EvalBatch]) -> list[tuple[int, int, int]]:
 
 class SlotCache:
     """n_slots caches [n_layer, n_head_kv, capacity, head_dim] float32 (the backend's own
-    single-sequence layout, one per slot)."""
+    single-sequence layout, one per slot), and shared prefixes in the same layout: a slot
+    that starts with one (`attach`) holds only its own positions, from index 0 of its cache."""
 
     def __init__(self, n_slots: int, n_layer: int, n_head_kv: int, capacity: int,
                  head_dim: int):
         shape = (n_slots, n_layer, n_head_kv, capacity, head_dim)
         self.k = np.zeros(shape, np.float32)
         self.v = np.zeros(shape, np.float32)
+        self.prefixes: list[tuple[np.ndarray, np.ndarray]] = []  # read-only, held once
+        self.attached: list[int | None] = [None] * n_slots       # index into prefixes
+
+    def add_prefix(self, k: np.ndarray, v: np.ndarray) -> int:
+        pair = tuple(np.ascontiguousarray(c.transpose(0, 2, 1, 3), np.float32) for c in (k, v))
+        for c in pair:
+            c.flags.writeable = False
+        self.prefixes.append(pair)
+        return len(self.prefixes) - 1
+
+    def attach(self, slot: int, handle: int | None) -> None:
+        if handle is not None and not 0 <= handle < len(self.prefixes):
+            raise ValueError(f"no shared prefix {handle!r} (holding {len(self.prefixes)})")
+        self.attached[slot] = handle
+
+    def prefix(self, slot: int, layer: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(K, V) [n_head_kv, n, head_dim] of the slot's shared prefix in this layer."""
+        h = self.attached[slot]
+        return None if h is None else (self.prefixes[h][0][layer], self.prefixes[h][1][layer])
 
     def read(self, slot: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        return tuple(c[slot, :, :, :n].transpose(0, 2, 1, 3).copy() for c in (self.k, self.v))
+        h = self.attached[slot]
+        base = 0 if h is None else self.prefixes[h][0].shape[2]
+        out = []
+        for i, c in enumerate((self.k, self.v)):
+            own = c[slot, :, :, :max(n - base, 0)]
+            rows = own if h is None else np.concatenate(
+                [self.prefixes[h][i][:, :, :min(n, base)], own], axis=2)
+            out.append(rows.transpose(0, 2, 1, 3).copy())
+        return tuple(out)
 
     def write(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
         n = k.shape[1]
+        self.attached[slot] = None
         self.k[slot, :, :, :n] = k.transpose(0, 2, 1, 3)
         self.v[slot, :, :, :n] = v.transpose(0, 2, 1, 3)
 
@@ -101,7 +165,8 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
         x = run_block_segments(x, blk, s, cos, sin, segments,
                                lambda j, i=i: cache.k[slots[j], i],
                                lambda j, i=i: cache.v[slots[j], i],
-                               i == last, backend._round_f16)
+                               i == last, backend._round_f16,
+                               lambda j, i=i: cache.prefix(slots[j], i))
     hidden = ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
     logits = linear(hidden, backend.embeddings)
     return [(hidden[j].copy(), logits[j].copy()) for j in range(len(items))]

@@ -82,6 +82,9 @@ class TorchBackend(Backend):
         self.cache_dtype = options.TORCH_DTYPES[opts.kv_cache_dtype]
         self._cache: KVCache | None = None
         self._rope: torch.Tensor | None = None  # (max_seq_len, head_dim/2), with the cache
+        # KV slots (slots.py): one KVCache per slot, and their rotations
+        self._slots: list[KVCache] | None = None
+        self._slot_rope: torch.Tensor | None = None
         self._caps = self._capabilities(matrices)
 
     def _capabilities(self, matrices: list) -> Capabilities:
@@ -134,14 +137,65 @@ class TorchBackend(Backend):
         on the CPU: available host memory, since torch.zeros touches every page."""
         if self.options.on_cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
-            held = 0 if self._cache is None else sum(
-                t.numel() * t.element_size() for t in (self._cache.k, self._cache.v))
+            caches = ([] if self._cache is None else [self._cache]) + (self._slots or [])
+            held = sum(t.numel() * t.element_size() for c in caches for t in (c.k, c.v))
             return free + held
         return available_host_memory_bytes()
 
     def free_kv_cache(self) -> None:
         self._cache = None
         self._rope = None
+
+    # ---------------------------------------------------------------- several sequences
+    # (slots.py: one KVCache per slot; every weight read once for all the call's rows)
+    def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
+        with torch.inference_mode():
+            try:
+                slots = [self._new_cache(max_seq_len)[0] for _ in range(n_slots)]
+            except torch.cuda.OutOfMemoryError:
+                if not self._slots or not self.options.on_cuda:
+                    raise
+                # kv_cache_limit_bytes counted the held slots as free: free them, again
+                self.free_kv_slots()
+                slots = [self._new_cache(max_seq_len)[0] for _ in range(n_slots)]
+            hp = self.hparams
+            rope = ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
+            self._slots, self._slot_rope = slots, rope
+
+    def free_kv_slots(self) -> None:
+        self._slots = None
+        self._slot_rope = None
+
+    def read_kv_slot(self, slot: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        with torch.inference_mode():
+            return self._slots[slot].read(n_positions)
+
+    def write_kv_slot(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
+        with torch.inference_mode():
+            self._slots[slot].write(k, v)
+
+    @torch.inference_mode()
+    def eval_slots(self, batches: list[tuple[int, EvalBatch]]
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        from .slots import eval_slots
+        return eval_slots(self, self._slots, self._slot_rope, batches)
+
+    @torch.inference_mode()
+    def fast_decode_batch(self, hiddens: np.ndarray, prefix_codes: np.ndarray) -> torch.Tensor:
+        state, logits = self.fast_begin_batch(hiddens)
+        for c in range(prefix_codes.shape[1]):
+            state, logits = self.fast_extend_batch(state, prefix_codes[:, c])
+        return logits
+
+    @torch.inference_mode()
+    def fast_begin_batch(self, hiddens: Any):
+        from .slots import fast_begin_batch
+        return fast_begin_batch(self, torch.as_tensor(hiddens, device=self.device).float())
+
+    @torch.inference_mode()
+    def fast_extend_batch(self, state, codes: np.ndarray):
+        from .slots import fast_extend_batch
+        return state, fast_extend_batch(self, state, self._fast_codes(codes))
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():

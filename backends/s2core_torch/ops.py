@@ -158,6 +158,15 @@ class OutputProduct:
             return torch.ops.aten.mm.dtype(h.to(dtype)[None], table.to(dtype).t(), torch.float32)[0]
         return self.matmul(h[None], table)[0].float()
 
+    def rows(self, table: torch.Tensor | QuantizedMatrix, h: torch.Tensor) -> torch.Tensor:
+        """The same for B vectors at once, h (B, in) -> (B, out): one read of the table."""
+        if isinstance(table, QuantizedMatrix):
+            return self.matmul.quantized(h, table, out_dtype=torch.float32)
+        if self.f32_output:
+            dtype = self.matmul.compute_dtype
+            return torch.ops.aten.mm.dtype(h.to(dtype), table.to(dtype).t(), torch.float32)
+        return self.matmul(h, table).float()
+
 
 def _mm_dtype_works(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether this torch build has aten::mm.dtype (half inputs, float32 output) on CUDA."""

@@ -70,6 +70,10 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+#: KV slots one call evaluates (slots.py); each slot has its own cache, allocated by init_slots
+MAX_BATCH_SEQUENCES = 16
+
+
 def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f16",
                        n_accelerated_layers: int | None = None,
                        single_token_semantic_prefill: bool = False,
@@ -96,7 +100,7 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         # on the CPU the stored types are torch views of the memory map; CUDA copies them
         mapped_weight_types=frozenset() if on_cuda else native,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE,
-        writes_kv_cache=True,
+        writes_kv_cache=True, max_batch_sequences=MAX_BATCH_SEQUENCES,
         codec=torch_codec_capabilities(device))
 
 

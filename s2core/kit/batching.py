@@ -15,8 +15,9 @@ import pytest
 
 from s2core.backend import Backend
 from s2core.batching import BatchedModel
-from s2core.errors import CacheNotInitializedError, CacheOverflowError, InvalidInputError, \
-    InvalidTokensError
+from s2core.errors import CacheAllocationError, CacheNotInitializedError, CacheOverflowError, \
+    InvalidInputError, InvalidTokensError
+from s2core.memory import backend_kv_cache_bytes
 from s2core.generation import GenerationConfig, generate
 from s2core.serving import CANCELLED, Server, generate_many
 from s2core.testing.prompts import mixed_prompt, semantic_frame
@@ -71,6 +72,11 @@ class BatchingConformance:
                     f"max_batch_sequences={n} but {cls.__name__} does not override {name}"
             if m.capabilities.writes_kv_cache:
                 assert cls.write_kv_slot is not Backend.write_kv_slot
+        if m.capabilities.shares_kv_prefix:
+            cls = type(m.backend)
+            for name in ("add_kv_prefix", "attach_kv_prefix"):
+                assert getattr(cls, name) is not getattr(Backend, name), \
+                    f"shares_kv_prefix but {cls.__name__} does not override {name}"
 
     # ------------------------------------------------------------ numbers
     def test_slots_equal_sequences_alone(self, open_model):
@@ -198,6 +204,121 @@ class BatchingConformance:
         b.close()
         assert b.max_seq_len is None
 
+    def test_slots_start_with_a_shared_prefix(self, open_model):
+        """Slots that start with one voice prefix (restore_prefix) beside a slot without one,
+        in the same calls: each gets the numbers of model.restore_prefix + prefill + steps
+        alone. On a backend that shares prefixes the slots reference its K/V ("shared") and
+        hold only their own positions: a slot of capacity c reaches the prefix's length + c;
+        a slot reset and reused without the prefix is a plain slot again."""
+        seqs = _sequences(seed=61)
+        m = open_model(CONFIG, self.batch_weight_type)
+        caps = m.capabilities
+        voice = seqs[2][0][:14]
+        m.init_kv_cache(32)
+        m.prefill(voice)
+        prefix = m.save_prefix()
+        p = prefix.n_positions
+        plans = [(prefix, seqs[0][0][:7], seqs[0][1][:3]), (prefix, seqs[1][0][:4], seqs[1][1][:3]),
+                 (None, seqs[3][0], seqs[3][1][:3])]
+        expected = []
+        for pre, rest, frames in plans:
+            m.init_kv_cache(64)
+            if pre is not None:
+                m.restore_prefix(pre)
+            rs = [m.prefill(rest)] + [m.step(f) for f in frames]
+            expected.append(([r.logits.copy() for r in rs], m.kv_cache_snapshot()))
+        m.clear_kv_cache()
+        b = BatchedModel(m)
+        n_slots = self._slots(m, 3)
+        # capacity: the longest plan's own positions (a copied prefix is held by the slot)
+        own = max(len(rest) + len(frames) for _, rest, frames in plans)
+        b.init_slots(n_slots, own + (0 if caps.shares_kv_prefix else p))
+        tol, kv_tol = output_tolerance(caps), kv_tolerance(caps)
+        for first in range(0, len(plans), n_slots):
+            group = plans[first:first + n_slots]
+            idx = list(range(first, first + len(group)))
+            for slot, (pre, _, _) in enumerate(group):
+                b.reset_slot(slot)
+                if pre is not None:
+                    how = b.restore_prefix(slot, pre)
+                    want = "shared" if caps.shares_kv_prefix else (
+                        "written" if caps.writes_kv_cache else "recomputed")
+                    assert how == want, f"restore_prefix gave {how!r}, capabilities say {want!r}"
+                    assert b.n_past(slot) == p
+                    assert b.shared_positions(slot) == (p if how == "shared" else 0)
+            got = {i: [] for i in idx}
+            for t in range(4):
+                pairs = [(slot, rest if t == 0 else frames[t - 1])
+                         for slot, (_, rest, frames) in enumerate(group)]
+                for (slot, _), r in zip(pairs, b.eval(pairs)):
+                    got[idx[slot]].append(r.logits.copy())
+            for slot, i in enumerate(idx):
+                want_logits, (k_ref, v_ref) = expected[i]
+                for t, (lg, ref) in enumerate(zip(got[i], want_logits)):
+                    err = _rel(lg, ref)
+                    assert err <= tol, f"plan {i}, call {t}: logits differ from the " \
+                                       f"sequence alone by {err:.2e} > {tol:.1e}"
+                k, v = b.kv_slot_snapshot(slot)
+                assert k.shape == k_ref.shape, f"plan {i}: K/V {k.shape}, alone {k_ref.shape}"
+                assert _rel(k, k_ref) <= kv_tol and _rel(v, v_ref) <= kv_tol, f"plan {i}: K/V"
+        # the first slot, reset, is a plain slot again (no prefix, full capacity from 0)
+        b.reset_slot(0)
+        assert b.shared_positions(0) == 0
+        prompt, frames = plans[2][1], plans[2][2]
+        rs = [b.eval([(0, prompt)])[0]] + [b.eval([(0, f)])[0] for f in frames]
+        for t, (r, ref) in enumerate(zip(rs, expected[2][0])):
+            assert _rel(r.logits, ref) <= tol, f"reused slot, call {t}"
+        b.close()
+
+    def test_slots_beyond_the_memory_limit_are_refused(self, open_model):
+        """init_slots is held to the limit init_kv_cache uses (kv_cache_limit_bytes), counted
+        for every slot: a request beyond it raises CacheAllocationError naming the sizes and
+        keeps the previous slots, their n_past and K/V, which go on as before."""
+        seqs = _sequences(seed=51)
+        m = open_model("huge-context", "f32")
+        b = BatchedModel(m)
+        n_slots = self._slots(m, 2)
+        b.init_slots(n_slots, 16)
+        b.eval([(s, seqs[s][0][:5]) for s in range(n_slots)])
+        before = [(b.n_past(s), b.kv_slot_snapshot(s)) for s in range(n_slots)]
+        hp, caps = m.hparams, m.capabilities
+        limit = m.backend.kv_cache_limit_bytes()
+        per_position = backend_kv_cache_bytes(hp, 1, caps)
+        requests = [(n_slots, hp.context_length)]
+        if limit is not None and n_slots > 1:
+            # each slot alone fits, all of them do not: the limit counts every slot
+            length = (limit // per_position) * 6 // (10 * n_slots) * 2
+            if 0 < length <= hp.context_length:
+                requests.append((n_slots, length))
+        for want_slots, length in requests:
+            try:
+                b.init_slots(want_slots, length)
+            except CacheAllocationError as exc:
+                text = str(exc)
+                need = want_slots * backend_kv_cache_bytes(hp, length, caps)
+                assert f"init_slots({want_slots}, {length})" in text and "kept" in text, text
+                assert need > (limit or 0) or "failed" in text, text
+            else:
+                pytest.fail(f"init_slots({want_slots}, {length}) allocated "
+                            f"{want_slots * backend_kv_cache_bytes(hp, length, caps)} bytes "
+                            f"beyond kv_cache_limit_bytes()={limit}")
+            assert (b.n_slots, b.max_seq_len) == (n_slots, 16)
+            for s, (n, (k, v)) in enumerate(before):
+                assert b.n_past(s) == n
+                k2, v2 = b.kv_slot_snapshot(s)
+                np.testing.assert_array_equal(k2, k)
+                np.testing.assert_array_equal(v2, v)
+        # the kept slots go on as a fresh set of slots given the same rows
+        after = b.eval([(s, seqs[s][1][0]) for s in range(n_slots)])
+        fresh = BatchedModel(open_model("huge-context", "f32"))
+        fresh.init_slots(n_slots, 16)
+        fresh.eval([(s, seqs[s][0][:5]) for s in range(n_slots)])
+        again = fresh.eval([(s, seqs[s][1][0]) for s in range(n_slots)])
+        for s, (r, ref) in enumerate(zip(after, again)):
+            np.testing.assert_array_equal(r.logits, ref.logits, err_msg=f"slot {s}")
+        fresh.close()
+        b.close()
+
     # ------------------------------------------------------------ serving
     def test_generate_many_equals_generate(self, open_model):
         """Requests of different lengths join as slots free up (max_sequences 2), each with
@@ -265,4 +386,5 @@ class BatchingConformance:
             for i, r in enumerate(reqs):
                 np.testing.assert_array_equal(r.codes(), alone[i], err_msg=f"request {i}")
                 assert r.stats.restored_positions == len(voice)
+                assert r.stats.prefix_shared == m.capabilities.shares_kv_prefix
                 assert r.stats.prefilled_positions == 8

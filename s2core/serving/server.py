@@ -7,10 +7,11 @@
     codes_b = b.codes()
 
 One `step()`:
-1. requests waiting for a slot take the free ones: the voice prefix's K/V are written into
-   the slot (converted from the KVPrefix once per server, then copied into each slot that
-   starts with that voice) and the rest of the prompt is prefilled, one call per request (so
-   its numbers are those of generate()'s prefill);
+1. requests waiting for a slot take the free ones: the voice prefix goes into the slot
+   (BatchedModel.restore_prefix: on a backend that shares prefixes its K/V are held once and
+   every slot in that voice references them; otherwise they are converted once and copied
+   into each slot) and the rest of the prompt is prefilled, one call per request (so its
+   numbers are those of generate()'s prefill);
 2. every running request's next frame: its main token's code 0, then codes 1..C-1 with the
    Fast-AR run for all of them at once (one pass per codebook);
 3. the frames are handed out; requests that reached max_new_tokens, or were cancelled, leave
@@ -47,7 +48,8 @@ class Server:
     """Requests on one model with continuous batching (see the module's docstring).
 
     max_sequences: slots (sequences evaluated together); None = the backend's
-    max_batch_sequences; more than that is refused. max_seq_len: each slot's capacity; None =
+    max_batch_sequences; more than that is refused. max_seq_len: each slot's capacity, in the
+    positions it holds itself (a voice prefix the backend shares is not among them); None =
     sized by the requests waiting when the slots are first allocated (a later request that
     needs more is refused)."""
 
@@ -74,7 +76,6 @@ class Server:
         self.max_seq_len = max_seq_len
         self._waiting: deque[Request] = deque()
         self._running: dict[int, Request] = {}
-        self._prefix_kv: dict[int, tuple[Any, np.ndarray, np.ndarray]] = {}
         #: seconds of each step's batched Slow-AR call, with how many rows it evaluated
         self.step_times: list[tuple[int, float]] = []
 
@@ -87,16 +88,18 @@ class Server:
         frame; returning False cancels the request."""
         config = GenerationConfig() if config is None else config
         mat = check_prompt(self.model, prompt, config, prefix)
-        need = len(mat) + config.max_new_tokens
+        need = self._held(len(mat), config, prefix)
         if (self.max_seq_len is None and not self._running and self.batched.max_seq_len
                 is not None and need > self.batched.max_seq_len):
             self.batched.free_slots()  # idle: the slots are sized again for what waits
         capacity = self.batched.max_seq_len or self.max_seq_len
         if capacity is not None and need > capacity:
-            raise CacheOverflowError("capacity", f"prompt ({len(mat)} positions) + "
-                                     f"max_new_tokens ({config.max_new_tokens}) = {need} "
-                                     f"exceeds the server's slot capacity max_seq_len="
-                                     f"{capacity}")
+            shared = len(mat) + config.max_new_tokens - need
+            raise CacheOverflowError("capacity", f"prompt ({len(mat)} positions"
+                                     f"{f', {shared} of them a shared prefix' if shared else ''}"
+                                     f") + max_new_tokens ({config.max_new_tokens}) = {need} "
+                                     f"slot positions exceeds the server's slot capacity "
+                                     f"max_seq_len={capacity}")
         if on_frame is not None and not callable(on_frame):
             raise InvalidInputError("on_frame", f"on_frame must be callable, got "
                                     f"{type(on_frame).__name__}")
@@ -144,8 +147,14 @@ class Server:
     def _free_slots(self) -> list[int]:
         return [s for s in range(self.batched.n_slots) if s not in self._running]
 
+    def _held(self, n_prompt: int, config: GenerationConfig, prefix: Any) -> int:
+        """Positions a request's slot holds itself: all of them, less a shared prefix's."""
+        shared = prefix.n_positions if (prefix is not None and
+                                        self.model.capabilities.shares_kv_prefix) else 0
+        return n_prompt - shared + config.max_new_tokens
+
     def _allocate(self) -> None:
-        need = max(len(r.prompt) + r.config.max_new_tokens for r in self._waiting)
+        need = max(self._held(len(r.prompt), r.config, r.prefix) for r in self._waiting)
         self.batched.init_slots(self.max_sequences, self.max_seq_len or need)
 
     def _admit(self) -> None:
@@ -180,17 +189,9 @@ class Server:
         request._after_eval(result)
 
     def _restore(self, slot: int, prefix: "KVPrefix", st) -> None:
-        b = self.batched
-        if not self.model.capabilities.writes_kv_cache:
-            st.prefix_recomputed = True
-            b.restore_prefix(slot, prefix)
-            return
-        entry = self._prefix_kv.get(id(prefix))
-        if entry is None or entry[0] is not prefix:
-            b.model.check_prefix(prefix, b.max_seq_len)
-            # converted to float32 once per server; each slot that starts with it gets a copy
-            entry = self._prefix_kv[id(prefix)] = (prefix, prefix.k, prefix.v)
-        b.write_prefix_kv(slot, prefix, entry[1], entry[2])
+        how = self.batched.restore_prefix(slot, prefix)
+        st.prefix_recomputed = how == "recomputed"
+        st.prefix_shared = how == "shared"
 
     def _frames(self) -> None:
         """Codes of the next frame of every running request: one Fast-AR pass per codebook
@@ -239,7 +240,6 @@ class Server:
             r._finish(CANCELLED)
         self._waiting.clear()
         self._running.clear()
-        self._prefix_kv.clear()
         self.batched.close()
 
     def __enter__(self) -> "Server":
