@@ -245,9 +245,13 @@ def gather_rows(kind, codes, rows, out):
 # (`_codes`: byte-wide loops, 64 lanes per vector operation), then multiplied 16 values at a
 # time: for each output row, the 16 codes times x are summed in two chains of eight
 # multiply-adds that stay in registers, and the group's sum is scaled once (a min is applied
-# to the group's sum of x, `xs`, formed once per product). Measured on 9728 x 2560, one
-# thread: Q6_K 2.5-3x faster than unpacking inside the multiply loop with partial sums in
-# memory, which spent most of its time on 16-lane bit operations and L1 round trips.
+# to the group's sum of x, `xs`, formed once per product). Against unpacking inside the
+# multiply loop with partial sums in L1 (the previous kernel), 2 threads on a quiet machine:
+# Q6_K 1.4x faster (155776 x 2560: 27 against 36 ms), Q5_K 2-2.5x. Still compute-bound on
+# large matrices (12-15 GB/s of blocks against 44-48 GB/s read): the unpacking pass, the
+# scales and the multiply-adds take about a third of the time each (one thread, in cache).
+# Tried without gain: unpacking half a block at a time, four chains of four, prefetching
+# the next block (llvm.prefetch), Q4_K's nibbles unpacked straight in the register chains.
 
 @njit(inline="always")
 def _codes(kind, c, r0, q):
