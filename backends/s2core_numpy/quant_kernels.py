@@ -248,8 +248,8 @@ def gather_rows(kind, codes, rows, out):
 # to the group's sum of x, `xs`, formed once per product). Against unpacking inside the
 # multiply loop with partial sums in L1 (the previous kernel), 2 threads on a quiet machine:
 # Q6_K 1.4x faster (155776 x 2560: 27 against 36 ms), Q5_K 2-2.5x. Still compute-bound on
-# large matrices (12-15 GB/s of blocks against 44-48 GB/s read): the unpacking pass, the
-# scales and the multiply-adds take about a third of the time each (one thread, in cache).
+# large matrices (12-15 GB/s of blocks against 44-48 GB/s read); one thread, in cache, a
+# Q6_K product is about half multiply-adds, a third unpacking, a fifth sub-block scales.
 # Tried without gain: unpacking half a block at a time, four chains of four, prefetching
 # the next block (llvm.prefetch), Q4_K's nibbles unpacked straight in the register chains.
 
