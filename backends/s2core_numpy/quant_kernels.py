@@ -52,6 +52,13 @@ def _half(c, r0, k, bits, out):
 
 
 @njit(inline="always")
+def _u(q):
+    """A small non-negative integer as float32. Through uint8, so that LLVM keeps the bit
+    arithmetic in narrow lanes (numba widens integer arithmetic to 64 bits) and vectorizes it."""
+    return np.float32(np.uint8(q))
+
+
+@njit(inline="always")
 def _scales(kind, c, r0, bits, sc, mn):
     """The block's sub-block scales and mins as gguf forms them, sc[s, j] and mn[s, j], so
     that each weight is sc * float32(q) - mn (a min that gguf adds is stored negated: x + m and
@@ -71,8 +78,8 @@ def _scales(kind, c, r0, bits, sc, mn):
         _half(c, r0, 82, bits, dmin)
         for s in range(16):
             for j in range(TILE):
-                sc[s, j] = d[j] * np.float32(c[r0 + s, j] & 15)
-                mn[s, j] = dmin[j] * np.float32(c[r0 + s, j] >> 4)
+                sc[s, j] = d[j] * _u(c[r0 + s, j] & 15)
+                mn[s, j] = dmin[j] * _u(c[r0 + s, j] >> 4)
     elif kind == Q3_K:
         _half(c, r0, 108, bits, d)
         for s in range(16):
@@ -85,23 +92,16 @@ def _scales(kind, c, r0, bits, sc, mn):
         for s in range(4):  # the 6-bit scales and mins packed in bytes 4..15 (gguf's layout)
             for j in range(TILE):
                 a, m, low = c[r0 + 4 + s, j], c[r0 + 8 + s, j], c[r0 + 12 + s, j]
-                sc[s, j] = d[j] * np.float32(a & 63)
-                mn[s, j] = dmin[j] * np.float32(m & 63)
-                sc[s + 4, j] = d[j] * np.float32((low & 15) | ((a >> 6) << 4))
-                mn[s + 4, j] = dmin[j] * np.float32((low >> 4) | ((m >> 6) << 4))
+                sc[s, j] = d[j] * _u(a & 63)
+                mn[s, j] = dmin[j] * _u(m & 63)
+                sc[s + 4, j] = d[j] * _u((low & 15) | ((a >> 6) << 4))
+                mn[s + 4, j] = dmin[j] * _u((low >> 4) | ((m >> 6) << 4))
     elif kind == Q6_K:
         _half(c, r0, 208, bits, d)
         for s in range(16):
             for j in range(TILE):
                 sc[s, j] = d[j] * np.float32(np.int8(c[r0 + 192 + s, j]))
                 mn[s, j] = 0.0
-
-
-@njit(inline="always")
-def _u(q):
-    """A small non-negative integer as float32. Through uint8, so that LLVM keeps the bit
-    arithmetic in narrow lanes (numba widens integer arithmetic to 64 bits) and vectorizes it."""
-    return np.float32(np.uint8(q))
 
 
 @njit(inline="always")
@@ -241,116 +241,132 @@ def gather_rows(kind, codes, rows, out):
 
 
 # -------------------------------------------------------------------------- fused K-quants
-# Per sub-block the integer-weighted sum of x is formed first and scaled once; a min is
-# applied to the sub-block's sum of x (`xs`, computed once per product), so the innermost
-# loops only unpack bits, convert and multiply-add.
+# A block is first unpacked to its integer codes, one int8 a weight for the tile's 64 rows
+# (`_codes`: byte-wide loops, 64 lanes per vector operation), then multiplied 16 values at a
+# time: for each output row, the 16 codes times x are summed in two chains of eight
+# multiply-adds that stay in registers, and the group's sum is scaled once (a min is applied
+# to the group's sum of x, `xs`, formed once per product). Against unpacking inside the
+# multiply loop with partial sums in L1 (the previous kernel), 2 threads on a quiet machine:
+# Q6_K 1.4x faster (155776 x 2560: 27 against 36 ms), Q5_K 2-2.5x. Still compute-bound on
+# large matrices (12-15 GB/s of blocks against 44-48 GB/s read); one thread, in cache, a
+# Q6_K product is about half multiply-adds, a third unpacking, a fifth sub-block scales.
+# Tried without gain: unpacking half a block at a time, four chains of four, prefetching
+# the next block (llvm.prefetch), Q4_K's nibbles unpacked straight in the register chains.
 
 @njit(inline="always")
-def _q4_k_block(c, r0, b, x, xs, acc, lo, hi, sc, mn):
-    """acc += this Q4_K block's share of the product, for one row x. Four rows of bytes per
+def _codes(kind, c, r0, q):
+    """q[v, j]: the integer code of value v of the block at row r0 of c, for every row j of
+    the tile, as int8: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 (gguf's q - 32, so Q6_K needs no
+    correction term). q: int8 (256, TILE) scratch. Each loop runs over 32 rows of TILE bytes
+    at once, through flat slices (index i = l * TILE + j): per row of 64 bytes, the loop's
+    fixed costs (numba's index arithmetic, LLVM's alias checks) were as large as the work."""
+    n = 32 * TILE
+    cf, qf = c.reshape(-1), q.reshape(-1)
+    if kind == Q6_K:
+        for h in range(2):  # values h*128 + g*32 + l: ql byte h*64 + (g%2)*32 + l, qh bits 2g
+            ql = cf[(r0 + h * 64) * TILE:(r0 + h * 64 + 64) * TILE]
+            qh = cf[(r0 + 128 + h * 32) * TILE:(r0 + 160 + h * 32) * TILE]
+            out = qf[h * 128 * TILE:(h + 1) * 128 * TILE]
+            for i in range(n):
+                a, a2, hb = ql[i], ql[n + i], qh[i]
+                out[i] = np.int8(np.uint8((a & 15) | ((hb & 3) << 4)) - np.uint8(32))
+                out[n + i] = np.int8(np.uint8((a2 & 15) | ((hb & 12) << 2)) - np.uint8(32))
+                out[2 * n + i] = np.int8(np.uint8((a >> 4) | (hb & 48)) - np.uint8(32))
+                out[3 * n + i] = np.int8(np.uint8((a2 >> 4) | ((hb >> 2) & 48)) - np.uint8(32))
+    else:  # Q4_K: values h*64 + k*32 + l are nibble k of byte 16 + h*32 + l; Q5_K: the same
+        # from byte 48, plus a fifth bit: bit 2h + k of byte 16 + l
+        five = kind == Q5_K
+        qs = r0 + (48 if five else 16)
+        high = cf[(r0 + 16) * TILE:(r0 + 48) * TILE]
+        for h in range(4):
+            src = cf[(qs + h * 32) * TILE:(qs + h * 32 + 32) * TILE]
+            out = qf[h * 64 * TILE:(h + 1) * 64 * TILE]
+            if five:
+                for i in range(n):
+                    byte, f = src[i], high[i] >> (2 * h)
+                    out[i] = np.int8((byte & 15) | ((f & 1) << 4))
+                    out[n + i] = np.int8((byte >> 4) | ((f & 2) << 3))
+            else:
+                for i in range(n):
+                    byte = src[i]
+                    out[i] = np.int8(byte & 15)
+                    out[n + i] = np.int8(byte >> 4)
+
+
+@njit(inline="always")
+def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn):
+    """acc += this Q4_K block's share of the product, for one row x, the nibbles unpacked in
+    the multiply loop (Q4_K's unpacking is cheap, and on matrices streamed from memory this
+    was faster than `_codes`: 4.8 against 5.9 ms on 65536 x 2560). Four rows of bytes per
     pass over the tile: their products are summed in registers before the partial sums in
-    memory are updated (measured 1.3-2x faster than one row per pass here)."""
+    memory are updated (measured 1.3-2x faster than one row per pass here). xs: sums of x
+    over 16 values."""
     base = b * 256
     for n in range(4):  # 64 values: low nibbles sub-block 2n, high nibbles sub-block 2n+1
-        lo[:] = 0.0
-        hi[:] = 0.0
+        plo[:] = 0.0
+        phi[:] = 0.0
         for l in range(0, 32, 4):
             xb, row = base + n * 64 + l, r0 + 16 + n * 32 + l
             a0, a1, a2, a3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
             h0, h1, h2, h3 = x[xb + 32], x[xb + 33], x[xb + 34], x[xb + 35]
             for j in range(TILE):
                 q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
-                lo[j] += ((_u(q0 & 15) * a0 + _u(q1 & 15) * a1)
-                          + (_u(q2 & 15) * a2 + _u(q3 & 15) * a3))
-                hi[j] += ((_u(q0 >> 4) * h0 + _u(q1 >> 4) * h1)
-                          + (_u(q2 >> 4) * h2 + _u(q3 >> 4) * h3))
+                plo[j] += ((_u(q0 & 15) * a0 + _u(q1 & 15) * a1)
+                           + (_u(q2 & 15) * a2 + _u(q3 & 15) * a3))
+                phi[j] += ((_u(q0 >> 4) * h0 + _u(q1 >> 4) * h1)
+                           + (_u(q2 >> 4) * h2 + _u(q3 >> 4) * h3))
         s = 2 * n
+        xa = xs[b * 16 + 2 * s] + xs[b * 16 + 2 * s + 1]
+        xz = xs[b * 16 + 2 * s + 2] + xs[b * 16 + 2 * s + 3]
         for j in range(TILE):
-            acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
-                       - (mn[s, j] * xs[b * 8 + s] + mn[s + 1, j] * xs[b * 8 + s + 1]))
+            acc[j] += (sc[s, j] * plo[j] + sc[s + 1, j] * phi[j]
+                       - (mn[s, j] * xa + mn[s + 1, j] * xz))
 
 
 @njit(inline="always")
-def _q5_k_block(c, r0, b, x, xs, acc, lo, hi, sc, mn):
-    """acc += this Q5_K block's share (Q4_K's nibbles plus a fifth bit from bytes 16..47),
-    four rows of bytes per pass as Q4_K."""
-    base = b * 256
-    for n in range(4):
-        lo[:] = 0.0
-        hi[:] = 0.0
-        for l in range(0, 32, 4):
-            xb, row, high = base + n * 64 + l, r0 + 48 + n * 32 + l, r0 + 16 + l
-            a0, a1, a2, a3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
-            h0, h1, h2, h3 = x[xb + 32], x[xb + 33], x[xb + 34], x[xb + 35]
-            for j in range(TILE):
-                q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
-                f0, f1 = c[high, j] >> (2 * n), c[high + 1, j] >> (2 * n)
-                f2, f3 = c[high + 2, j] >> (2 * n), c[high + 3, j] >> (2 * n)
-                lo[j] += ((_u((q0 & 15) | ((f0 & 1) << 4)) * a0
-                           + _u((q1 & 15) | ((f1 & 1) << 4)) * a1)
-                          + (_u((q2 & 15) | ((f2 & 1) << 4)) * a2
-                             + _u((q3 & 15) | ((f3 & 1) << 4)) * a3))
-                hi[j] += ((_u((q0 >> 4) | ((f0 & 2) << 3)) * h0
-                           + _u((q1 >> 4) | ((f1 & 2) << 3)) * h1)
-                          + (_u((q2 >> 4) | ((f2 & 2) << 3)) * h2
-                             + _u((q3 >> 4) | ((f3 & 2) << 3)) * h3))
-        s = 2 * n
+def _groups(kind, q, b, x, xs, acc, sc, mn):
+    """acc += the share of one block whose codes are in q (`_codes`), 16 values at a time."""
+    f32 = np.float32
+    for g in range(16):  # 16 values: sub-block g (Q6_K) or half of sub-block g // 2
+        v, s, xb = g * 16, g if kind == Q6_K else g // 2, b * 256 + g * 16
+        x0, x1, x2, x3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
+        x4, x5, x6, x7 = x[xb + 4], x[xb + 5], x[xb + 6], x[xb + 7]
+        y0, y1, y2, y3 = x[xb + 8], x[xb + 9], x[xb + 10], x[xb + 11]
+        y4, y5, y6, y7 = x[xb + 12], x[xb + 13], x[xb + 14], x[xb + 15]
+        xsg = xs[b * 16 + g]
         for j in range(TILE):
-            acc[j] += (sc[s, j] * lo[j] + sc[s + 1, j] * hi[j]
-                       - (mn[s, j] * xs[b * 8 + s] + mn[s + 1, j] * xs[b * 8 + s + 1]))
+            lo = (((((((f32(q[v, j]) * x0 + f32(q[v + 1, j]) * x1)
+                       + f32(q[v + 2, j]) * x2) + f32(q[v + 3, j]) * x3)
+                     + f32(q[v + 4, j]) * x4) + f32(q[v + 5, j]) * x5)
+                   + f32(q[v + 6, j]) * x6) + f32(q[v + 7, j]) * x7)
+            hi = (((((((f32(q[v + 8, j]) * y0 + f32(q[v + 9, j]) * y1)
+                       + f32(q[v + 10, j]) * y2) + f32(q[v + 11, j]) * y3)
+                     + f32(q[v + 12, j]) * y4) + f32(q[v + 13, j]) * y5)
+                   + f32(q[v + 14, j]) * y6) + f32(q[v + 15, j]) * y7)
+            acc[j] += sc[s, j] * (lo + hi) - mn[s, j] * xsg
 
 
-@njit(inline="always")
-def _q6_k_block(c, r0, b, x, xs, acc, p0, p1, p2, p3, sc):
-    """acc += this Q6_K block's share: q - 32 applied as 32 times the sub-block's sum of x.
-    Values n*128 + g*32 + l take their low bits from ql byte n*64 + (g%2)*32 + l (nibble
-    g//2) and their high bits from qh byte n*32 + l (bits 2g)."""
-    base = b * 256
-    for n in range(2):
-        for half in range(2):  # l in [0, 16) and [16, 32): four sub-blocks of 16 at a time
-            p0[:] = 0.0
-            p1[:] = 0.0
-            p2[:] = 0.0
-            p3[:] = 0.0
-            for l in range(half * 16, half * 16 + 16):
-                v = base + n * 128 + l
-                x0, x1, x2, x3 = x[v], x[v + 32], x[v + 64], x[v + 96]
-                ra, rh = r0 + n * 64 + l, r0 + 128 + n * 32 + l
-                for j in range(TILE):
-                    a, a2, h = c[ra, j], c[ra + 32, j], c[rh, j]
-                    p0[j] += _u((a & 15) | ((h & 3) << 4)) * x0
-                    p1[j] += _u((a2 & 15) | ((h & 12) << 2)) * x1
-                    p2[j] += _u((a >> 4) | (h & 48)) * x2
-                    p3[j] += _u((a2 >> 4) | ((h >> 2) & 48)) * x3
-            s = n * 8 + half  # the sub-block of p0; p1..p3 are 2, 4 and 6 later
-            sx0, sx1 = xs[b * 16 + s] * np.float32(32), xs[b * 16 + s + 2] * np.float32(32)
-            sx2, sx3 = xs[b * 16 + s + 4] * np.float32(32), xs[b * 16 + s + 6] * np.float32(32)
-            for j in range(TILE):
-                acc[j] += ((sc[s, j] * (p0[j] - sx0) + sc[s + 2, j] * (p1[j] - sx1))
-                           + (sc[s + 4, j] * (p2[j] - sx2) + sc[s + 6, j] * (p3[j] - sx3)))
-
-
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"contract"})
 def matvec_fused(kind, codes, x, xs, out):
-    """out = W x for Q4_K, Q5_K and Q6_K; xs: the sums of x over 32 (Q4_K/Q5_K) or 16 (Q6_K)
-    values."""
+    """out = W x for Q4_K, Q5_K and Q6_K; xs: the sums of x over each 16 values.
+    fastmath "contract" only lets LLVM fuse a multiply and an add (one rounding instead of
+    two); it does not reorder sums."""
     n_tiles, n_blocks, nbytes, _ = codes.shape
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
     for t in prange(n_tiles):
         acc = np.zeros(TILE, np.float32)
+        q = np.empty((256, TILE), np.int8)
         p0, p1 = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
-        p2, p3 = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
         sc, mn = np.empty((18, TILE), np.float32), np.empty((16, TILE), np.float32)
         bits = np.empty(TILE, np.uint32)
         for b in range(n_blocks):
             r0 = (t * n_blocks + b) * nbytes
             _scales(kind, c, r0, bits, sc, mn)
-            if kind == Q6_K:
-                _q6_k_block(c, r0, b, x, xs, acc, p0, p1, p2, p3, sc)
-            elif kind == Q5_K:
-                _q5_k_block(c, r0, b, x, xs, acc, p0, p1, sc, mn)
-            else:
+            if kind == Q4_K:
                 _q4_k_block(c, r0, b, x, xs, acc, p0, p1, sc, mn)
+            else:
+                _codes(kind, c, r0, q)
+                _groups(kind, q, b, x, xs, acc, sc, mn)
         for j in range(TILE):
             out[t * TILE + j] = acc[j]
 
@@ -359,6 +375,6 @@ FUSED = frozenset({Q4_K, Q5_K, Q6_K})
 
 
 def sub_block_sums(kind: int, x: np.ndarray) -> np.ndarray:
-    """What the fused kernels need besides x: its sums over each sub-block."""
-    size = 16 if kind == Q6_K else 32
-    return x.reshape(-1, size).sum(axis=1, dtype=np.float32)
+    """What the fused kernel needs besides x: its sums over each 16 values (the minimum
+    terms of Q4_K/Q5_K; Q6_K's are multiplied by zero)."""
+    return x.reshape(-1, 16).sum(axis=1, dtype=np.float32)
