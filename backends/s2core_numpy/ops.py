@@ -46,15 +46,22 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int,
     # (n_kv, group * n, d): all queries of one KV head in one matrix product
     qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
     scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(scale)  # (n_kv, group*n, T)
-    scores = scores.reshape(n_kv, group, n, t)
+    scores = causal_softmax(scores.reshape(n_kv, group, n, t), q_start)
+    out = np.matmul(scores.reshape(n_kv, group * n, t), v)  # (n_kv, group*n, d)
+    return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
+
+
+def causal_softmax(scores: np.ndarray, q_start: int) -> np.ndarray:
+    """Softmax over keys of scores (n_kv, group, n, T) for queries at positions q_start ..
+    q_start + n - 1, each seeing keys up to its own position (in place where it can)."""
+    n, t = scores.shape[2], scores.shape[3]
     if n > 1 or q_start + n < t:
         visible = np.arange(t)[None, :] <= (q_start + np.arange(n))[:, None]  # (n, T)
         scores = np.where(visible, scores, np.float32(-np.inf))
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
-    out = np.matmul(scores.reshape(n_kv, group * n, t), v)  # (n_kv, group*n, d)
-    return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
+    return scores
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -82,14 +82,7 @@ def prefixed_attention(q: np.ndarray, k_prefix: np.ndarray, v_prefix: np.ndarray
     scores[:, :, :p] = np.matmul(qg, k_prefix.transpose(0, 2, 1))
     scores[:, :, p:] = np.matmul(qg, k.transpose(0, 2, 1))
     scores *= np.float32(scale)
-    scores = scores.reshape(n_kv, group, n, t)
-    if n > 1 or q_start + n < t:
-        visible = np.arange(t)[None, :] <= (q_start + np.arange(n))[:, None]  # (n, T)
-        scores = np.where(visible, scores, np.float32(-np.inf))
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    w = scores.reshape(n_kv, group * n, t)
+    w = ops.causal_softmax(scores.reshape(n_kv, group, n, t), q_start).reshape(n_kv, group * n, t)
     out = np.matmul(w[:, :, :p], v_prefix) + np.matmul(w[:, :, p:], v)  # (n_kv, group*n, d)
     return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
 
