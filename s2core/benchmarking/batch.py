@@ -20,9 +20,6 @@ another (the server's fallback): its figures show what batching is worth by cont
 from __future__ import annotations
 
 import datetime as dt
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from .cases import child_main, load_average, run_child, write_case_outputs
 
 SCHEMA = "s2core-bench-batch/1"
 BATCH_SIZES = (1, 2, 4, 8)
@@ -132,7 +131,7 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
         "config": cfg.as_dict(), "machine": info, "model_label": cfg.model_label,
         "machine_tag": machine.machine_tag(info), "results": [], "frames": frames,
         "rounds": 1 if cfg.quick else rounds,
-        "context": context, "sizes": list(sizes), "load_average_start": list(_loadavg())}
+        "context": context, "sizes": list(sizes), "load_average_start": list(load_average())}
     for line in machine.summary_lines(info):
         say(line)
     names, skipped = select_backends(cfg.backends)
@@ -147,7 +146,7 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
                         "sizes": list(sizes), "frames": frames, "context": context,
                         "rounds": 1 if cfg.quick else rounds,
                         "seed": cfg.seed, "budget_s": cfg.phase_budget_s}
-                result = _run_child(spec, tmp, child_env(cfg.threads), cfg.child_timeout_s)
+                result = run_child("batch", spec, tmp, child_env(cfg.threads), cfg.child_timeout_s)
                 if result["status"] == "ok":
                     for row in result["sizes"]:
                         say(f"    B={row['sequences']}: {row['frames_per_s']:.2f} frames/s "
@@ -156,34 +155,13 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
                 else:
                     say(f"    FAILED: {result['error']}")
                 report["results"].append(result)
-    report["load_average_end"] = list(_loadavg())
+    report["load_average_end"] = list(load_average())
     return report
 
 
 def _fmt(x: float | None) -> str:
     from .chart import _ms
     return "-" if x is None else _ms(x)
-
-
-def _run_child(spec: dict[str, Any], tmp: str, env: dict[str, str], timeout: float
-               ) -> dict[str, Any]:
-    spec_path = Path(tmp) / "batch-spec.json"
-    result_path = Path(tmp) / f"batch-result-{spec['backend']}-{spec['weight_type']}.json"
-    spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "s2core.benchmarking.batch", str(spec_path), str(result_path)]
-    ids = {"backend": spec["backend"], "weight_type": spec["weight_type"]}
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, stdout=sys.stderr)
-    except subprocess.TimeoutExpired:
-        return {**ids, "status": "error", "error": f"timed out after {timeout:.0f} s"}
-    if result_path.exists():
-        return json.loads(result_path.read_text())
-    return {**ids, "status": "error",
-            "error": f"child exited with code {proc.returncode} and wrote no result"}
-
-
-def _loadavg() -> tuple[float, ...]:
-    return os.getloadavg() if hasattr(os, "getloadavg") else ()
 
 
 # ---------------------------------------------------------------------- output
@@ -216,13 +194,15 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
 
 def write_chart(report: dict[str, Any], path: Path) -> None:
+    ok = [r for r in report["results"] if r["status"] == "ok" and r["sizes"]]
+    if not ok:
+        return  # nothing measured: no chart
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from .chart import _color
 
-    ok = [r for r in report["results"] if r["status"] == "ok" and r["sizes"]]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     styles = {t: s for t, s in zip(report["config"]["types"], ("-", "--", ":", "-."))}
     for j, r in enumerate(ok):
@@ -251,28 +231,11 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path) -> int:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    created = dt.datetime.fromisoformat(report["created"])
-    quick = "-quick" if report["config"]["quick"] else ""
-    stem = out_dir / f"batch-{created:%Y%m%d-%H%M}-{report['machine_tag']}{quick}"
-    lines = table_lines(report)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
-    png = stem.with_suffix(".png")
-    if any(r["status"] == "ok" and r["sizes"] for r in report["results"]):
-        write_chart(report, png)
-        lines += ["", f"![batch]({png.name})"]
-    stem.with_suffix(".md").write_text("# s2core bench --case batch\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwrote {stem}.json, {stem}.md" + (f", {png}" if png.exists() else ""))
-    ok = report["results"] and all(r["status"] == "ok" for r in report["results"])
-    return 0 if ok else 1
+    return write_case_outputs("batch", report, out_dir, table_lines(report), write_chart)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(argv[0]).read_text())
-    Path(argv[1]).write_text(json.dumps(measure(spec), indent=1))
-    return 0
+    return child_main(measure, argv)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ prefill), with the time to first frame beside it.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from .cases import child_main, load_average, run_child, write_case_outputs
 
 #: the voice case's shape (the issue's: a 10-second reference and a sentence)
 REFERENCE_FRAMES = 215
@@ -164,7 +164,7 @@ def run_voice_benchmark(cfg, say: Callable[[str], None]) -> dict[str, Any]:
         "model_label": (f"demo-sized, {cfg.layers} Slow-AR layer(s)" if cfg.quick
                         else cfg.model_label),
         "machine_tag": machine.machine_tag(info), "results": [],
-        "load_average_start": list(_loadavg())}
+        "load_average_start": list(load_average())}
     for line in machine.summary_lines(info):
         say(line)
     parts = voice_prompt(hp, cfg.seed)
@@ -189,7 +189,7 @@ def run_voice_benchmark(cfg, say: Callable[[str], None]) -> dict[str, Any]:
                         "rest_rows": str(Path(tmp) / "rest.npy"), "im_end_id": parts["im_end_id"],
                         "reps": 1 if cfg.quick else 5, "min_reps": 1 if cfg.quick else 3,
                         "budget_s": cfg.phase_budget_s}
-                result = _run_child(spec, tmp, child_env(cfg.threads), cfg.child_timeout_s)
+                result = run_child("voice", spec, tmp, child_env(cfg.threads), cfg.child_timeout_s)
                 if result["status"] == "ok":
                     c, w = result["cold"], result["warm"]
                     result["prompt_ratio"] = w["prompt_ms"] / c["prompt_ms"]
@@ -200,33 +200,8 @@ def run_voice_benchmark(cfg, say: Callable[[str], None]) -> dict[str, Any]:
                 else:
                     say(f"    FAILED: {result['error']}")
                 report["results"].append(result)
-    report["load_average_end"] = list(_loadavg())
+    report["load_average_end"] = list(load_average())
     return report
-
-
-def _run_child(spec: dict[str, Any], tmp: str, env: dict[str, str], timeout: float
-               ) -> dict[str, Any]:
-    spec_path = Path(tmp) / "voice-spec.json"
-    result_path = Path(tmp) / f"voice-result-{spec['backend']}.json"
-    spec_path.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "s2core.benchmarking.voice", str(spec_path), str(result_path)]
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, stdout=sys.stderr)
-    except subprocess.TimeoutExpired:
-        return {**_ids(spec), "status": "error", "error": f"timed out after {timeout:.0f} s"}
-    if result_path.exists():
-        return json.loads(result_path.read_text())
-    return {**_ids(spec), "status": "error",
-            "error": f"child exited with code {proc.returncode} and wrote no result"}
-
-
-def _ids(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"backend": spec["backend"], "weight_type": spec["weight_type"]}
-
-
-def _loadavg() -> tuple[float, ...]:
-    import os
-    return os.getloadavg() if hasattr(os, "getloadavg") else ()
 
 
 # ---------------------------------------------------------------------- output
@@ -261,24 +236,11 @@ def table_lines(report: dict[str, Any]) -> list[str]:
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path) -> int:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    created = dt.datetime.fromisoformat(report["created"])
-    quick = "-quick" if report["config"]["quick"] else ""
-    stem = out_dir / f"voice-{created:%Y%m%d-%H%M}-{report['machine_tag']}{quick}"
-    lines = table_lines(report)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
-    stem.with_suffix(".md").write_text("# s2core bench --case voice\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwrote {stem}.json, {stem}.md")
-    ok = report["results"] and all(r["status"] == "ok" for r in report["results"])
-    return 0 if ok else 1
+    return write_case_outputs("voice", report, out_dir, table_lines(report))
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(argv[0]).read_text())
-    Path(argv[1]).write_text(json.dumps(measure(spec), indent=1))
-    return 0
+    return child_main(measure, argv)
 
 
 if __name__ == "__main__":
