@@ -14,6 +14,7 @@ from s2core.batching import BatchedModel
 from s2core.kit.models import CONFIGS, kit_model
 from s2core.testing.prompts import mixed_prompt, semantic_frame
 from s2core_numpy import plugin
+from s2core_numpy.plugin import MAX_BATCH_SEQUENCES
 
 numba_only = pytest.mark.skipif(not plugin.numba_available(), reason="numba not installed")
 
@@ -30,11 +31,14 @@ def _matrices(n_out: int, n_in: int):
 
 
 @numba_only
-@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 6, 8, 13, 31])
+@pytest.mark.parametrize("n_rows", [2, 3, 4, 5, 6, 8, 13, MAX_BATCH_SEQUENCES])
 @pytest.mark.parametrize("n_out,n_in", [(100, 96), (200, 320)])
 def test_few_row_products_equal_one_row_products_bit_for_bit(n_out, n_in, n_rows):
+    """Every batch size a step evaluates stays on the few-row kernels (below gemm_rows), which
+    give each row exactly its one-row product."""
     x = np.random.default_rng(n_rows).standard_normal((n_rows, n_in), dtype=np.float32)
     for name, m in _matrices(n_out, n_in).items():
+        assert n_rows < m.gemm_rows, name
         out = m(x)
         assert out.shape == (n_rows, n_out)
         rows = np.stack([m(x[r:r + 1])[0] for r in range(n_rows)])

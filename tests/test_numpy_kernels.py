@@ -53,10 +53,10 @@ def block_matrices(blk: BlockWeights) -> list:
 
 # ------------------------------------------------------------------------------ kernels
 @numba_only
-@pytest.mark.parametrize("n_rows", [1, 3, 7, 8, 33])
+@pytest.mark.parametrize("n_rows", [1, 3, 7, 8, 16, 33, 48])
 @pytest.mark.parametrize("n_out,n_in", [(100, 96), (64, 32), (200, 320)])
 def test_kernels_equal_a_float64_product(n_out, n_in, n_rows):
-    """Every path (one row, few rows from the tiles, many rows through sgemm) is
+    """Every path (one row, few rows from the tiles, many rows through tile-by-tile sgemm) is
     the float64 product of gguf's dequantized weights, up to float32 rounding; output counts
     that are not a multiple of the tile are padded and cut."""
     from s2core_numpy import q8_0
@@ -74,7 +74,7 @@ def test_kernels_equal_a_float64_product(n_out, n_in, n_rows):
 
 
 @numba_only
-@pytest.mark.parametrize("n_rows", [1, 3, 7, 8, 33])
+@pytest.mark.parametrize("n_rows", [1, 3, 7, 8, 16, 33, 48])
 @pytest.mark.parametrize("n_out,n_in", [(100, 96), (64, 32), (200, 320)])
 def test_f16_kernels_equal_a_float64_product(n_out, n_in, n_rows):
     from s2core_numpy import f16
@@ -88,6 +88,54 @@ def test_f16_kernels_equal_a_float64_product(n_out, n_in, n_rows):
     assert rel_err(out, ref) < 2e-6
     for r in range(n_rows):
         assert rel_err(out[r], ref[r]) < 2e-6
+
+
+@numba_only
+def test_tile_gemm_from_two_threads_at_once_restores_blas_threads():
+    """Many-row products run one worker per core with BLAS held to one thread: two models'
+    products at the same time both come out right, and BLAS gets its threads back after."""
+    import threading
+    from threadpoolctl import threadpool_info
+    from s2core_numpy import f16, q8_0
+
+    def blas_threads():
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    before = blas_threads()
+    raw, wq = q8_tensor(300, 256, seed=3)
+    wf = f16_tensor(300, 256, seed=4)
+    mats = [(q8_0.Q8Matrix.from_raw(raw), wq), (f16.F16Matrix.from_raw(wf), wf)]
+    x = np.random.default_rng(5).standard_normal((64, 256), dtype=np.float32)
+    errors: list[float] = []
+
+    def work(m, w):
+        for _ in range(20):
+            errors.append(rel_err(m(x), x.astype(np.float64) @ w.astype(np.float64).T))
+
+    threads = [threading.Thread(target=work, args=mw) for mw in mats]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 40 and max(errors) < 2e-6
+    assert blas_threads() == before
+
+
+@numba_only
+def test_tile_gemm_raises_a_workers_error_after_every_worker_stopped():
+    from s2core_numpy import f16
+    from s2core_numpy.tile_gemm import tile_gemm
+
+    class Failing(f16.F16Matrix):
+        def _decode_tile(self, t, w):
+            if t == 3:
+                raise RuntimeError("tile 3 is unreadable")
+            super()._decode_tile(t, w)
+
+    m = Failing(f16.F16Matrix.from_raw(f16_tensor(640, 64)).codes, 640)
+    x = np.ones((40, 64), np.float32)
+    with pytest.raises(RuntimeError, match="tile 3"):
+        tile_gemm(m, x, np.empty((40, 640), np.float32))
 
 
 @numba_only

@@ -77,16 +77,18 @@ def _matvec_tiles(codes, x, out):
             out[t * tile + j] = acc[j]
 
 
-@njit(parallel=True, cache=True)
-def _decode_transposed(codes, w_t):
-    """The whole matrix as float32 W^T (in, padded out), for sgemm."""
-    n_tiles, n_in, tile = codes.shape
-    for i in prange(n_in):
-        bits = np.empty(tile, np.uint32)
-        for t in range(n_tiles):
-            w = _tile_row(codes, t, i, bits)
-            for j in range(tile):
-                w_t[i, t * tile + j] = w[j] * _UNSCALE
+@njit(nogil=True, cache=True)
+def _decode_tile(codes, t, w):
+    """Tile t as float32 (in, TILE) into w: the tile is already (in, TILE) in memory, so this
+    is one elementwise pass (bits into w's storage) and one in-place scaling; two simple loops
+    vectorize where one with a bit cast in the middle does not (2x faster)."""
+    src = codes[t].reshape(-1)
+    dst = w.reshape(-1)
+    dst_bits = dst.view(np.uint32)
+    for k in range(src.shape[0]):
+        dst_bits[k] = _bits(src[k])
+    for k in range(dst.shape[0]):
+        dst[k] = dst[k] * _UNSCALE
 
 
 @njit(cache=True)
@@ -125,8 +127,8 @@ class F16Matrix(TiledMatrix):
         from .fewrows import f16_pair, f16_rows, few_rows  # groups of four, two (fewrows.py)
         few_rows((f16_rows, f16_pair), (self.codes.view(np.int16),), x, out)
 
-    def _decode_transposed(self, w_t: np.ndarray) -> None:
-        _decode_transposed(self.codes, w_t)
+    def _decode_tile(self, t: int, w: np.ndarray) -> None:
+        _decode_tile(self.codes, t, w)
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         _gather_rows(self.codes, ids, out)

@@ -1,5 +1,6 @@
-"""Products of a few rows (2 to GEMM_ROWS - 1: a batched decode step, one row per sequence)
-from the F16 and Q8_0 tiled layouts, each weight read from memory once for all rows.
+"""Products of a few rows (2 to the type's gemm_rows - 1, tiled.py: a batched decode step, one
+row per sequence) from the F16 and Q8_0 tiled layouts, each weight read from memory once for
+all rows.
 
 The generic few-row kernels these replace (Q8_0: every row a separate pass over the tile,
 converting its codes again; F16: accumulators of a run-time row count) took 2.8x (F16) and

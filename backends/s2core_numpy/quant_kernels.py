@@ -209,19 +209,18 @@ def matmul_decoded(kind, codes, x, out):
                 out[r, t * TILE + j] = acc[r, j]
 
 
-@njit(parallel=True, cache=True)
-def decode_transposed(kind, codes, w_t):
-    """The whole matrix as float32 W^T (in, padded out), for sgemm."""
+@njit(nogil=True, cache=True)
+def decode_tile(kind, codes, t, w):
+    """Tile t as float32 (in, TILE) into w, for sgemm (tile_gemm.py)."""
     n_tiles, n_blocks, nbytes, _ = codes.shape
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
-    values = w_t.shape[0] // n_blocks
-    for t in prange(n_tiles):
-        w, sc, mn, bits = _scratch()
-        for b in range(n_blocks):
-            _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
-            for v in range(values):
-                for j in range(TILE):
-                    w_t[b * values + v, t * TILE + j] = w[v, j]
+    values = w.shape[0] // n_blocks
+    block, sc, mn, bits = _scratch()
+    for b in range(n_blocks):
+        _decode_block(kind, c, (t * n_blocks + b) * nbytes, block, bits, sc, mn)
+        for v in range(values):
+            for j in range(TILE):
+                w[b * values + v, j] = block[v, j]
 
 
 @njit(cache=True)

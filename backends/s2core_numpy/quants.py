@@ -69,8 +69,8 @@ class QuantMatrix(TiledMatrix):
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
         k.matmul_decoded(self.kind, self.codes, x, out)
 
-    def _decode_transposed(self, w_t: np.ndarray) -> None:
-        k.decode_transposed(self.kind, self.codes, w_t)
+    def _decode_tile(self, t: int, w: np.ndarray) -> None:
+        k.decode_tile(self.kind, self.codes, t, w)
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
         k.gather_rows(self.kind, self.codes, ids, out)

@@ -13,11 +13,14 @@ TILE independent outputs (pure vector FMAs, no horizontal sums). TILE = 64 strea
 24-28 GB/s on Zen 4; 16 and 32 are 2-3x slower, 128 is no better. Output counts that are not a
 multiple of TILE are padded with zero rows.
 
-Products of several rows (prefill) take one of two paths, switched at GEMM_ROWS:
+Products of several rows (prefill) take one of two paths, switched at `gemm_rows`:
 - few rows: the tile is read once from memory and every row is computed from it while it
   sits in L2 (the type's `_matmul` kernel);
-- many rows: the whole matrix is decoded to float32 W^T in a reused buffer and multiplied by
-  BLAS sgemm, which is far faster per row.
+- many rows: each tile is decoded to float32 (in, TILE) in a small buffer that stays in the
+  core's L2 and multiplied by BLAS sgemm straight from there (tile_gemm.py). Decoding the whole
+  matrix first, as this path once did, sent 6 bytes a weight through memory (the file's 2 read,
+  float32's 4 written and read again) and cost 7 ms of every 9728 x 2560 product: with 56 rows
+  (a prompt's text after a restored voice prefix) a third of the product's time.
 
 Modules that import this one import numba; the backend imports them only when numba is there.
 """
@@ -25,7 +28,6 @@ Modules that import this one import numba; the backend imports them only when nu
 from __future__ import annotations
 
 import os
-import threading
 
 # numba's threads are OpenMP's (GNU libgomp, read when numba starts them). Idle, they spin for
 # GOMP's default 300,000 rounds (several ms) after every kernel, on the cores that the BLAS
@@ -37,29 +39,15 @@ if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
 
 import numpy as np  # noqa: E402
 
+from .tile_gemm import tile_gemm  # noqa: E402
+
 #: output rows per tile (see above)
 TILE = 64
-#: at or above this many rows, decode to float32 and use sgemm. Measured on 9728 x 2560: for
-#: Q8_0 the crossover is near 32 rows; for F16 the two paths take the same time from 24 to 40
-GEMM_ROWS = 32
-
-_local = threading.local()
-
-
-def _scratch(n_rows: int, n_cols: int) -> np.ndarray:
-    """A float32 (n_rows, n_cols) buffer reused by this thread's multi-row products: the
-    biggest decoded matrix (100 MB for S2 Pro's 9728 x 2560), allocated once, so a prefill
-    does not page-fault in a fresh copy per product."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.size < n_rows * n_cols:
-        buf = _local.buf = np.empty(n_rows * n_cols, np.float32)
-    return buf[:n_rows * n_cols].reshape(n_rows, n_cols)
-
-
-def free_scratch() -> None:
-    """Drop this thread's buffer (its memory returns to the OS)."""
-    _local.buf = None
-
+#: at or above this many rows, decode tile by tile to float32 and use sgemm (tile_gemm.py);
+#: a type whose few-row kernel is cheaper sets its own `gemm_rows`. Above the most sequences a
+#: batched step evaluates (plugin.MAX_BATCH_SEQUENCES, 16), so that a batched step's rows stay
+#: bit-identical to one-row products; from 16 rows up the two paths cost about the same.
+GEMM_ROWS = 17
 
 def n_tiles(n_out: int) -> int:
     return -(-n_out // TILE)
@@ -68,6 +56,9 @@ def n_tiles(n_out: int) -> int:
 class TiledMatrix:
     """A [out, in] matrix in the tiled layout; `m(x)` is x @ W^T for x (n, in) float32.
     Subclasses hold the type's data and supply its four kernels."""
+
+    #: rows from which a product goes through tile_gemm instead of `_matmul` (see GEMM_ROWS)
+    gemm_rows = GEMM_ROWS
 
     def __init__(self, codes: np.ndarray, n_out: int, n_in: int | None = None):
         self.codes = codes      # (n_tiles, ...): the type's storage, tiles outermost
@@ -81,7 +72,9 @@ class TiledMatrix:
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
         raise NotImplementedError
 
-    def _decode_transposed(self, w_t: np.ndarray) -> None:
+    def _decode_tile(self, t: int, w: np.ndarray) -> None:
+        """Tile t as float32 (in, TILE): w[i, j] is the weight of output t*TILE + j for input
+        i. Single-threaded and without the GIL: tile_gemm runs one per core."""
         raise NotImplementedError
 
     def _gather(self, ids: np.ndarray, out: np.ndarray) -> None:
@@ -104,16 +97,10 @@ class TiledMatrix:
         out = np.empty((n, padded), np.float32)
         if n == 1:
             self._matvec(x[0], out[0])
-        elif n < GEMM_ROWS:
+        elif n < self.gemm_rows:
             self._matmul(x, out)
         else:
-            # The whole matrix at once: one numba region and one sgemm. Slabs that stay in
-            # cache would save the float32 round trip through memory (~6 ms of ~70 for
-            # 9728 x 2560 x 256 rows), but every switch between numba's threads and BLAS's
-            # costs more.
-            w_t = _scratch(self.n_in, padded)
-            self._decode_transposed(w_t)
-            np.matmul(x, w_t, out=out)
+            tile_gemm(self, x, out)
         return out if padded == self.n_out else out[:, :self.n_out]
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
