@@ -139,6 +139,28 @@ def test_tile_gemm_raises_a_workers_error_after_every_worker_stopped():
 
 
 @numba_only
+@pytest.mark.parametrize("n_rows", [17, 70])
+def test_products_and_attention_on_the_workers_equal_a_float64_reference(n_rows):
+    """A many-row call runs its float32 products (64 outputs an item) and its attention (one
+    KV head an item) on the workers: the float64 results, up to float32 rounding."""
+    from s2core_numpy import ops
+    from s2core_numpy.backend import attention
+    from s2core_numpy.tile_gemm import dense_gemm
+    rng = np.random.default_rng(n_rows)
+    w = rng.standard_normal((200, 96), dtype=np.float32)
+    x = rng.standard_normal((n_rows, 96), dtype=np.float32)
+    assert rel_err(dense_gemm(x, w), x.astype(np.float64) @ w.astype(np.float64).T) < 2e-6
+    n_head, n_kv, d, past = 8, 4, 16, 9
+    q = rng.standard_normal((n_rows, n_head, d), dtype=np.float32)
+    k = rng.standard_normal((n_kv, past + n_rows, d), dtype=np.float32)
+    v = rng.standard_normal((n_kv, past + n_rows, d), dtype=np.float32)
+    spread = attention(q, k, v, past, 0.25, on_workers=True)
+    ref = ops.causal_attention(*(a.astype(np.float64) for a in (q, k, v)), past, 0.25)
+    assert spread.shape == ref.shape and rel_err(spread, ref) < 2e-6
+    np.testing.assert_array_equal(spread, attention(q, k, v, past, 0.25, on_workers=True))
+
+
+@numba_only
 def test_f16_widening_is_exact_for_every_finite_value():
     """All 63,488 finite float16 values (zeros, subnormals, normals, both signs) come out of
     the kernels' bit widening as numpy's float32 of them, bit for bit; a tensor holding an

@@ -56,10 +56,11 @@ class BlockWeights:
 
 
 def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
-                   sin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   sin: np.ndarray, on_workers: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q (n, n_head, d) and k, v (n, n_head_kv, d), QK-normed and rotated."""
     n = x.shape[0]
-    qkv = linear(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv)
+    qkv = linear(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv, on_workers)
     q_size, kv_size = s.q_size, s.kv_size
     q = qkv[:, :q_size].reshape(n, s.n_head, s.head_dim)
     k = qkv[:, q_size:q_size + kv_size].reshape(n, s.n_head_kv, s.head_dim)
@@ -70,14 +71,34 @@ def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
 
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, scale: float,
+              on_workers: bool) -> np.ndarray:
+    """ops.causal_attention; on_workers: one KV head (and its query heads) per item."""
+    n, n_head, d = q.shape
+    n_kv = k.shape[0]
+    if not on_workers or n == 1 or n_kv == 1:
+        return ops.causal_attention(q, k, v, q_start, scale)
+    from .workers import share
+    group = n_head // n_kv
+    out = np.empty((n, n_head * d), np.float32)
+
+    def kv_head(h: int) -> None:  # its columns: query heads h*group .. (h+1)*group - 1
+        out[:, h * group * d:(h + 1) * group * d] = ops.causal_attention(
+            q[:, h * group:(h + 1) * group], k[h:h + 1], v[h:h + 1], q_start, scale)
+
+    share(kv_head, n_kv)
+    return out
+
+
 def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
               sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-              last_only: bool, round_f16: bool) -> np.ndarray:
+              last_only: bool, round_f16: bool, on_workers: bool = False) -> np.ndarray:
     """One block over the rows x at positions start.. with the layer's cache (n_head_kv,
-    capacity, head_dim) float32. last_only: only the last row's output is needed."""
+    capacity, head_dim) float32. last_only: only the last row's output is needed.
+    on_workers: every product and the attention run on the workers (workers.py)."""
     n = x.shape[0]
     end = start + n
-    q, k, v = qkv_projection(x, blk, s, cos, sin)
+    q, k, v = qkv_projection(x, blk, s, cos, sin, on_workers)
     k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
     k_new[...] = k.transpose(1, 0, 2)  # unrounded: this call attends to its own K/V in f32
     v_new[...] = v.transpose(1, 0, 2)
@@ -85,14 +106,16 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     if last_only and n > 1:
         # Only the last position reaches the output: skip the others' attention and FFN.
         x, q, q_start = x[-1:], q[-1:], end - 1
-    attn = ops.causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, s.attn_scale)
+    attn = attention(q, k_cache[:, :end], v_cache[:, :end], q_start, s.attn_scale, on_workers)
     if round_f16:
         # What later calls read: the values an F16 cache holds (n rows, not the history).
         k_new[...] = k_new.astype(np.float16)
         v_new[...] = v_new.astype(np.float16)
-    h = x + linear(attn, blk.wo)
+    on_workers = on_workers and x.shape[0] > 1
+    h = x + linear(attn, blk.wo, on_workers)
     f = ops.rms_norm(h, blk.ffn_norm, s.eps)
-    return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
+    gate_up = ops.silu(linear(f, blk.w1, on_workers)) * linear(f, blk.w3, on_workers)
+    return h + linear(gate_up, blk.w2, on_workers)
 
 
 class NumpyBackend(Backend):
@@ -112,6 +135,7 @@ class NumpyBackend(Backend):
             raise InvalidInputError("numba_kernels", "numba_kernels=True needs numba "
                                     "(pip install 's2core[fast]')")
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels)
+        self._numba = numba_kernels
         self._round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
         wl = WeightLoader(model_file, numba_kernels)
@@ -164,14 +188,31 @@ class NumpyBackend(Backend):
             x[sem] += rows.reshape(ids.shape[0], ids.shape[1], -1).sum(axis=1)
         return x * batch.scale[:, None]
 
+    def _on_workers(self, n_rows: int) -> bool:
+        """Whether a call of n_rows runs on the workers with BLAS held to one thread
+        (workers.py): with the numba kernels, from the rows where products leave the
+        few-row kernels."""
+        if not self._numba:
+            return False
+        from .tiled import GEMM_ROWS
+        return n_rows >= GEMM_ROWS
+
     def eval_cached(self, batch: EvalBatch) -> tuple[np.ndarray, np.ndarray]:
+        on_workers = self._on_workers(batch.n_tokens)
+        if not on_workers:
+            return self._forward(batch, False)
+        from .workers import one_blas_thread
+        with one_blas_thread:
+            return self._forward(batch, True)
+
+    def _forward(self, batch: EvalBatch, on_workers: bool) -> tuple[np.ndarray, np.ndarray]:
         s = self.shape
         cos, sin = ops.rope_tables(batch.positions, s.head_dim, s.rope_base)
         x = self._embed(batch)
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
             x = run_block(x, blk, s, cos, sin, self._k[i], self._v[i], batch.n_past,
-                          i == last, self._round_f16)
+                          i == last, self._round_f16, on_workers)
         hidden = ops.rms_norm(x[-1], self.norm, s.eps)
         return hidden, linear(hidden[None], self.embeddings)[0]
 

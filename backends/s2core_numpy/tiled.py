@@ -17,10 +17,8 @@ Products of several rows (prefill) take one of two paths, switched at `gemm_rows
 - few rows: the tile is read once from memory and every row is computed from it while it
   sits in L2 (the type's `_matmul` kernel);
 - many rows: each tile is decoded to float32 (in, TILE) in a small buffer that stays in the
-  core's L2 and multiplied by BLAS sgemm straight from there (tile_gemm.py). Decoding the whole
-  matrix first, as this path once did, sent 6 bytes a weight through memory (the file's 2 read,
-  float32's 4 written and read again) and cost 7 ms of every 9728 x 2560 product: with 56 rows
-  (a prompt's text after a restored voice prefix) a third of the product's time.
+  core's L2 and multiplied by BLAS sgemm straight from there, one worker per core
+  (tile_gemm.py, workers.py).
 
 Modules that import this one import numba; the backend imports them only when numba is there.
 """

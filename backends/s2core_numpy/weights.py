@@ -78,9 +78,14 @@ class WeightLoader:
         return self.mf.dequantize(name, np.float32, release=True)
 
 
-def linear(x: np.ndarray, w: Weight) -> np.ndarray:
-    """x (n, in) @ w^T -> (n, out), float32."""
+def linear(x: np.ndarray, w: Weight, on_workers: bool = False) -> np.ndarray:
+    """x (n, in) @ w^T -> (n, out), float32. on_workers: a float32 w is multiplied on the
+    workers too (a call that holds BLAS to one thread, workers.py); kept types choose their
+    own path by the number of rows."""
     if isinstance(w, np.ndarray):
+        if on_workers:
+            from .tile_gemm import dense_gemm
+            return dense_gemm(x, w)
         return x @ w.T
     return w(x)
 
