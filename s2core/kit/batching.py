@@ -195,7 +195,8 @@ class BatchingConformance:
         if missing:
             fail(SLOT_METHODS, f"max_batch_sequences={n}, shares_kv_prefix="
                  f"{m.capabilities.shares_kv_prefix}, but {cls.__name__} does not override "
-                 f"{', '.join(missing)} (Backend's defaults are the one-slot case)")
+                 f"{', '.join(missing)} (Backend's defaults only serve one slot and share "
+                 "nothing)")
 
     # ------------------------------------------------------------ numbers
     def test_slots_equal_sequences_alone(self, open_model):
