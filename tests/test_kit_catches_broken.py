@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from s2core.kit import batching as kb
+from s2core.kit import batching_rules as kb
+from s2core.kit.batching import BatchingConformance
 from s2core.kit.rules import (CACHE_DTYPE_HOLDS, COMPUTE_DTYPE_HOLDS, CONCURRENCY,
                               FAST_AR_OWN_HPARAMS, LIFE_CYCLE, OPTIONS_DECLARED,
                               RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES)
@@ -88,7 +89,7 @@ BATCH_EXPECTED = {
 #: the unbroken backends every batching test must pass: NumPy (which the broken ones vary)
 #: and the example (one slot, the core's fallback)
 BATCH_CONTROLS = ("numpy", "example")
-BATCH_TESTS = sorted(name for name in dir(kb.BatchingConformance) if name.startswith("test_"))
+BATCH_TESTS = sorted(name for name in dir(BatchingConformance) if name.startswith("test_"))
 KIT_MODULE = """
 from s2core.kit.conformance import BackendConformance
 
