@@ -155,7 +155,7 @@ class BatchedModel:
                 f"{self.backend.name!r} can allocate here"))
         try:
             self.backend.allocate_kv_slots(n_slots, max_seq_len)
-        except S2CoreError:
+        except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
             raise
         except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
             raise CacheAllocationError(self._allocation_message(
@@ -306,7 +306,7 @@ class BatchedModel:
                 f"{self.backend.name!r} can allocate here"))
         try:
             handle = self.backend.add_kv_prefix(prefix.k, prefix.v)
-        except S2CoreError:
+        except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
             raise
         except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
             raise CacheAllocationError(self._voice_message(

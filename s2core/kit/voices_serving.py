@@ -124,7 +124,7 @@ class VoiceAndServingConformance:
             checked_call(PREFIX_UNCHANGED, f"eval({desc})", lambda: b.eval(pairs))
         if not (np.array_equal(prefix.k, k0) and np.array_equal(prefix.v, v0)):
             fail(PREFIX_UNCHANGED, "the KVPrefix's own K/V changed after its slots evaluated: "
-                 "the backend wrote into the arrays add_kv_prefix was given")
+                 "its slots must never write into a voice")
         # a recomputed prefix is a prefill again: its numbers, not its bits
         exact = 0 if hows[0] != "recomputed" else kv_tolerance(caps)
         for s in range(n_slots):
