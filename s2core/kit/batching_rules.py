@@ -49,8 +49,9 @@ BATCHING_RULES = {
     OWN_ROWS: "a call writes each slot's K/V at that slot's own positions [n_past, n_past + "
               "its rows): slots of different lengths do not move each other, and a slot "
               "left out of a call keeps its K/V bit for bit",
-    JOIN_LEAVE: "a slot reset and reused (with or without a voice prefix) starts its new "
-                "sequence from position 0 as if new, and its neighbours go on unchanged",
+    JOIN_LEAVE: "a slot reset and reused starts its new sequence as a new slot would (from "
+                "position 0, or after the voice prefix it is given), keeping nothing of the "
+                "last one, and its neighbours go on unchanged",
     SLOT_RESULTS_KEPT: "eval_slots' hidden and logits, and the batched Fast-AR's logits, stay "
                        "unchanged after later calls",
     MAX_BATCH: "the declared max_batch_sequences slots allocate and evaluate in one call, "
