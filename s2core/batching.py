@@ -322,12 +322,10 @@ class BatchedModel:
                                       self.backend.capabilities)
 
     def _held_bytes(self) -> int:
-        """The slots' K/V and every shared voice's, as the backend holds them."""
+        """The slots' K/V and every voice's, as a backend that shares voices holds them."""
         slots = self.n_slots * backend_kv_cache_bytes(self.hparams, self._max_seq_len or 0,
                                                       self.backend.capabilities)
-        voices = sum(self._voice_bytes(v[0]) for v in self._voices.values()
-                     if self.backend.capabilities.shares_kv_prefix)
-        return slots + voices
+        return slots + sum(self._voice_bytes(v[0]) for v in self._voices.values())
 
     def _voice_message(self, slot: int, prefix: Any, need: int, held: int, why: str) -> str:
         hp = self.hparams
