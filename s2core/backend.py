@@ -193,7 +193,8 @@ class Backend(ABC):
     def kv_cache_limit_bytes(self) -> int | None:
         """The largest cache, in held bytes (memory.backend_kv_cache_bytes), this backend can
         allocate now; the core refuses a larger init_kv_cache before calling
-        allocate_kv_cache. None: no limit known. The default is the host's RAM plus swap;
+        allocate_kv_cache, and holds the slots and the shared voice prefixes together to it
+        (BatchedModel.restore_prefix). None: no limit known. The default is the host's RAM plus swap;
         a backend whose allocator touches every page, or runs on a device, says less."""
         return host_memory_bytes()
 
@@ -279,8 +280,10 @@ class Backend(ABC):
         """Evaluate several slots in one call: `batches` holds (slot, EvalBatch) with distinct
         slots, each batch's positions continuing that slot's own sequence. Each slot's K/V
         go to its own rows and its attention sees only its own rows; returns (hidden, logits)
-        of each batch's last position, in order (the rules of eval_cached, per slot). A
-        batching backend evaluates every row of the call with one read of each weight."""
+        of each batch's last position, in the order of `batches` (the rules of eval_cached,
+        per slot: arrays no later call overwrites). Positions come from each batch, never
+        from a count the backend keeps; a slot not in the call is not touched. A batching
+        backend evaluates every row of the call with one read of each weight."""
         return [self.eval_cached(batch) for _, batch in batches]
 
     # Optional (declare `Capabilities.shares_kv_prefix`): a voice prefix held once and
@@ -288,7 +291,10 @@ class Backend(ABC):
     def add_kv_prefix(self, k: np.ndarray, v: np.ndarray) -> Any:
         """Hold one read-only prefix segment: K and V float32 [n_layer, n, n_head_kv,
         head_dim] holding values of the cache type (what read_kv_slot returns). Returns a
-        handle for attach_kv_prefix. Segments live until free_kv_slots."""
+        handle for attach_kv_prefix. Segments live until free_kv_slots and are read-only:
+        no slot's call writes into them. The core has checked the segment's bytes, with the
+        slots and segments held, against kv_cache_limit_bytes(); if this raises, the segments
+        and slots held must stay as they were."""
         raise NotImplementedError(f"backend {self.name!r} cannot share a KV prefix")
 
     def attach_kv_prefix(self, slot: int, handle: Any) -> None:
@@ -303,7 +309,8 @@ class Backend(ABC):
         """Fast-AR logits (B, codebook_size) for B sequences at once: row b is
         fast_decode(hiddens[b], prefix_codes[b]); `hiddens` float32 (B, dim), `prefix_codes`
         int64 (B, k) (every row has the same number of codes: one codebook of a frame for
-        all slots). A batching backend runs one pass per position for the whole batch."""
+        all slots), in an array no later call overwrites. A batching backend runs one pass
+        per position for the whole batch."""
         return np.stack([self.to_numpy(self.fast_decode(h, c))
                          for h, c in zip(hiddens, prefix_codes)])
 

@@ -155,7 +155,7 @@ class BatchedModel:
                 f"{self.backend.name!r} can allocate here"))
         try:
             self.backend.allocate_kv_slots(n_slots, max_seq_len)
-        except S2CoreError:
+        except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
             raise
         except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
             raise CacheAllocationError(self._allocation_message(
@@ -258,7 +258,12 @@ class BatchedModel:
         restore_prefix for one slot). How, by the backend's capabilities: "shared" (the
         prefix's K/V are held once by the backend, for every slot that starts with this
         prefix object, and referenced by the slot), "written" (converted once, copied into
-        the slot) or "recomputed" (prefilled again)."""
+        the slot) or "recomputed" (prefilled again).
+
+        A voice the backend is to hold for the first time is checked against
+        kv_cache_limit_bytes() with the slots and the voices already held: beyond it (or if
+        the backend's allocation fails) CacheAllocationError names the bytes, and nothing has
+        changed (this slot, the others, their n_past, the voices held)."""
         slot = self._check_slot(slot)
         caps = self.backend.capabilities
         voice = self._voices.get(id(prefix))
@@ -269,10 +274,7 @@ class BatchedModel:
             voice = None
         if caps.shares_kv_prefix:
             if voice is None:
-                tokens = prefix.tokens.copy()  # one copy per voice, as its K/V
-                tokens.flags.writeable = False
-                voice = self._voices[id(prefix)] = (
-                    prefix, self.backend.add_kv_prefix(prefix.k, prefix.v), tokens)
+                voice = self._voices[id(prefix)] = self._add_voice(slot, prefix)
             try:
                 self.backend.attach_kv_prefix(slot, voice[1])
             except BaseException:
@@ -289,6 +291,53 @@ class BatchedModel:
             voice = self._voices[id(prefix)] = (prefix, prefix.k, prefix.v)
         self.write_prefix_kv(slot, prefix, voice[1], voice[2])
         return "written"
+
+    def _add_voice(self, slot: int, prefix: Any) -> tuple[Any, ...]:
+        """Have the backend hold a new voice's K/V (once, for every slot that starts with it),
+        after checking the memory it adds: CacheAllocationError naming the bytes, with
+        nothing changed, when the slots, the voices held and this one pass
+        kv_cache_limit_bytes() (or the backend's allocation fails)."""
+        need = self._voice_bytes(prefix)
+        held = self._held_bytes()
+        limit = self.backend.kv_cache_limit_bytes()
+        if limit is not None and held + need > limit:
+            raise CacheAllocationError(self._voice_message(
+                slot, prefix, need, held, f"more than the {describe_bytes(limit)} backend "
+                f"{self.backend.name!r} can allocate here"))
+        try:
+            handle = self.backend.add_kv_prefix(prefix.k, prefix.v)
+        except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
+            raise
+        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+            raise CacheAllocationError(self._voice_message(
+                slot, prefix, need, held, f"the allocation failed: {type(exc).__name__}: "
+                f"{str(exc)[:300]}")) from exc
+        tokens = prefix.tokens.copy()  # one copy per voice, as its K/V
+        tokens.flags.writeable = False
+        return prefix, handle, tokens
+
+    def _voice_bytes(self, prefix: Any) -> int:
+        """What the backend holds for one shared voice: its K/V in the held cache type."""
+        return backend_kv_cache_bytes(self.hparams, prefix.n_positions,
+                                      self.backend.capabilities)
+
+    def _held_bytes(self) -> int:
+        """The slots' K/V and every voice's, as a backend that shares voices holds them."""
+        slots = self.n_slots * backend_kv_cache_bytes(self.hparams, self._max_seq_len or 0,
+                                                      self.backend.capabilities)
+        return slots + sum(self._voice_bytes(v[0]) for v in self._voices.values())
+
+    def _voice_message(self, slot: int, prefix: Any, need: int, held: int, why: str) -> str:
+        hp = self.hparams
+        n_voices = len(self._voices)
+        return (f"restore_prefix({slot}, a voice prefix of {prefix.n_positions} positions): "
+                f"its K and V, held once for every slot in that voice, {hp.n_layer} layers x "
+                f"{prefix.n_positions} positions x {hp.n_head_kv} KV heads x {hp.head_dim} in "
+                f"{self.backend.capabilities.kv_cache_held_dtype}, take "
+                f"{describe_bytes(need)}; with the {self.n_slots} slots and {n_voices} "
+                f"voice(s) held ({describe_bytes(held)}) that is {describe_bytes(held + need)}, "
+                f"{why}; nothing changed: the slots (n_past={self._n_past}) and the voices "
+                f"held are kept")
 
     @_guarded
     def write_prefix_kv(self, slot: int, prefix: Any, k: np.ndarray, v: np.ndarray) -> None:

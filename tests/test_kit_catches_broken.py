@@ -1,10 +1,11 @@
 """The conformance kit fails each deliberately broken backend (tests/broken_backends), with a
-message naming the rule it breaks, and passes the unbroken example backend.
+message naming the rule it breaks, and passes the unbroken example (and NumPy) backend.
 
 The kit runs as a third party runs it: a test module subclassing BackendConformance, in a
 separate pytest process, with the broken backends registered through
-$S2CORE_PLUGINS. Only the rule tests run (s2core/kit/rules.py); the numbers against the
-reference are the rest of the kit's business.
+$S2CORE_PLUGINS. Only the rule tests run (s2core/kit/rules.py) and, for the batching rules,
+the one batching test each broken backend must fail (s2core/kit/batching.py); the numbers
+against the reference are the rest of the kit's business.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from s2core.kit import batching_rules as kb
+from s2core.kit.batching import BatchingConformance
 from s2core.kit.rules import (CACHE_DTYPE_HOLDS, COMPUTE_DTYPE_HOLDS, CONCURRENCY,
                               FAST_AR_OWN_HPARAMS, LIFE_CYCLE, OPTIONS_DECLARED,
                               RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES)
@@ -53,6 +56,40 @@ EXPECTED = {
                                           LIFE_CYCLE),
 }
 CONTROL = "example"
+
+#: broken backend (kit_broken_batching.py) -> the batching test that must fail, with its rule.
+#: The checks of BatchedModel's arguments (kb.SLOT_CHECKS) and the refusal of slots beyond
+#: kv_cache_limit_bytes are the core's, for every backend; keeping the previous slots when an
+#: allocation fails is the backend's.
+BATCH_EXPECTED = {
+    "broken_batch_without_methods": ("test_batching_capability_is_backed_by_methods",
+                                     kb.SLOT_METHODS),
+    "broken_sharing_without_methods": ("test_batching_capability_is_backed_by_methods",
+                                       kb.SLOT_METHODS),
+    "broken_batch_results_in_slot_order": ("test_slots_equal_sequences_alone", kb.SLOTS_ALONE),
+    "broken_batch_counts_the_calls_rows": ("test_slots_advance_by_their_own_rows", kb.OWN_ROWS),
+    "broken_batch_keeps_positions_on_reuse": ("test_slots_join_leave_and_are_reused",
+                                              kb.JOIN_LEAVE),
+    "broken_batch_keeps_prefix_after_reset": ("test_slots_join_leave_and_are_reused",
+                                              kb.JOIN_LEAVE),
+    "broken_batch_alias_results": ("test_slot_results_unchanged_after_later_calls",
+                                   kb.SLOT_RESULTS_KEPT),
+    "broken_batch_alias_fast": ("test_slot_results_unchanged_after_later_calls",
+                                kb.SLOT_RESULTS_KEPT),
+    "broken_batch_four_slots_at_most": ("test_declared_max_batch_sequences_holds", kb.MAX_BATCH),
+    "broken_batch_fast_first_row_codes": ("test_fast_decode_batch_equals_rows_alone",
+                                          kb.FAST_BATCH),
+    "broken_batch_writes_shared_prefix": ("test_shared_prefix_unchanged_by_its_slots",
+                                          kb.PREFIX_UNCHANGED),
+    "broken_batch_reads_own_rows_only": ("test_slots_start_with_a_shared_prefix",
+                                         kb.SHARED_PREFIX),
+    "broken_batch_loses_slots_on_failed_init": ("test_slots_beyond_the_memory_limit_are_refused",
+                                                kb.SLOT_MEMORY),
+}
+#: the unbroken backends every batching test must pass: NumPy (which the broken ones vary)
+#: and the example (one slot, the core's fallback)
+BATCH_CONTROLS = ("numpy", "example")
+BATCH_TESTS = sorted(name for name in dir(BatchingConformance) if name.startswith("test_"))
 KIT_MODULE = """
 from s2core.kit.conformance import BackendConformance
 
@@ -68,17 +105,32 @@ def kit_report(tmp_path_factory):
     if importlib.util.find_spec("s2core_example") is None:
         pytest.skip("s2core-example is not installed (pip install ./plugins/s2core-example): "
                     "the broken backends are variations of it")
-    return _run_kit(tmp_path_factory.mktemp("kit"))
+    return _run_kit(tmp_path_factory.mktemp("kit"), ["-k", "test_rule", "test_third_party.py"],
+                    [*EXPECTED, CONTROL])
 
 
-def _run_kit(folder: Path) -> dict[tuple[str, str], tuple[str, str]]:
+@pytest.fixture(scope="module")
+def batch_report(tmp_path_factory):
+    """As kit_report, for each broken batching backend's one test and every batching test
+    on the controls."""
+    if importlib.util.find_spec("s2core_example") is None:
+        pytest.skip("s2core-example is not installed (pip install ./plugins/s2core-example): "
+                    "the broken backends are variations of it and of NumPy")
+    node = "test_third_party.py::TestThirdPartyBackend::{}[{}]"
+    ids = [node.format(test, broken) for broken, (test, _) in BATCH_EXPECTED.items()]
+    ids += [node.format(test, control) for control in BATCH_CONTROLS for test in BATCH_TESTS]
+    return _run_kit(tmp_path_factory.mktemp("kit-batching"), ids,
+                    [*BATCH_EXPECTED, *BATCH_CONTROLS])
+
+
+def _run_kit(folder: Path, selection: list[str], backends: list[str]
+             ) -> dict[tuple[str, str], tuple[str, str]]:
     (folder / "test_third_party.py").write_text(KIT_MODULE)
     env = dict(os.environ, S2CORE_PLUGINS="kit_broken_plugin",
                PYTHONPATH=os.pathsep.join([str(BROKEN_DIR), os.environ.get("PYTHONPATH", "")]))
     args = [sys.executable, "-m", "pytest", "-p", "s2core.kit.pytest_plugin", "-p",
-            "no:cacheprovider", "-q", "-k", "test_rule", "--junitxml", str(folder / "kit.xml"),
-            "test_third_party.py"]
-    for name in [*EXPECTED, CONTROL]:
+            "no:cacheprovider", "-q", "--junitxml", str(folder / "kit.xml"), *selection]
+    for name in backends:
         args += ["--s2core-backend", name]
     run = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
     assert (folder / "kit.xml").exists(), run.stdout[-3000:] + run.stderr[-3000:]
@@ -110,3 +162,27 @@ def test_the_unbroken_example_passes_every_rule(kit_report):
     ran = {test: outcome for (test, backend), outcome in kit_report.items() if backend == CONTROL}
     assert len(ran) == len(RULES)
     assert all(o == "passed" for o, _ in ran.values()), ran
+
+
+@pytest.mark.parametrize("broken", sorted(BATCH_EXPECTED))
+def test_the_kit_fails_each_broken_batching_backend_naming_the_rule(batch_report, broken):
+    test, rule = BATCH_EXPECTED[broken]
+    outcome, message = batch_report[(test, broken)]
+    assert outcome == "failed", f"{broken}: {test} {outcome}"
+    assert f"rule '{rule}' ({kb.BATCHING_RULES[rule]})" in message, message[:2000]
+
+
+@pytest.mark.parametrize("control", BATCH_CONTROLS)
+def test_the_unbroken_backends_pass_every_batching_test(batch_report, control):
+    ran = {test: outcome for (test, backend), outcome in batch_report.items()
+           if backend == control}
+    assert sorted(ran) == BATCH_TESTS
+    assert all(o == "passed" for o, _ in ran.values()), ran
+
+
+def test_every_batching_rule_has_a_broken_backend():
+    """Two rules have none of their own: the checks of BatchedModel's arguments run in the
+    core before any backend call, and the server's requests are made of the slot calls the
+    other rules check (a backend that breaks those breaks the server's too)."""
+    without = {kb.SLOT_CHECKS, kb.SERVED}
+    assert {rule for _, rule in BATCH_EXPECTED.values()} | without == set(kb.BATCHING_RULES)

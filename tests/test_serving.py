@@ -173,3 +173,143 @@ def test_batched_model_follows_the_model_guard(tiny_model):
     b.free_slots()  # allowed: nothing left to free
     b.close()
     assert b.max_seq_len is None
+
+
+# ---------------------------------------------------------------------- voice memory
+class _Limited:
+    """A NumPy backend on a machine with `limit` bytes for its KV memory (what
+    kv_cache_limit_bytes() says on a smaller machine)."""
+
+    def __new__(cls, model_file, limit):
+        from s2core_numpy.backend import NumpyBackend
+
+        class LimitedNumpy(NumpyBackend):
+            def kv_cache_limit_bytes(self):
+                return self.limit
+        backend = LimitedNumpy(model_file)
+        backend.limit = limit
+        return backend
+
+
+def _voice(m, rows):
+    m.init_kv_cache(len(rows))
+    m.prefill(rows)
+    prefix = m.save_prefix()
+    m.clear_kv_cache()
+    return prefix
+
+
+def _limited_model(path, limit=None):
+    from s2core.gguf_file import ModelFile
+    from s2core.model import SlowARModel
+    mf = ModelFile(path)
+    return SlowARModel(mf, _Limited(mf, limit))
+
+
+def test_a_voice_beyond_the_memory_limit_is_refused_and_nothing_changes(tiny_model):
+    """A shared voice's K/V count against kv_cache_limit_bytes() with the slots and the
+    voices already held: the voice that does not fit raises CacheAllocationError naming the
+    bytes and the limit, and the slots, their n_past and K/V and the voice held are as they
+    were and go on as before."""
+    from s2core.errors import CacheAllocationError
+    from s2core.memory import backend_kv_cache_bytes
+
+    m = _limited_model(tiny_model)
+    hp, caps = m.hparams, m.capabilities
+    assert caps.shares_kv_prefix
+    ps = prompts(4, seed=5)
+    voice_a, voice_b = _voice(m, ps[0][:10]), _voice(m, ps[1][:12])
+    slots = 2 * backend_kv_cache_bytes(hp, 16, caps)
+    a_bytes, b_bytes = (backend_kv_cache_bytes(hp, v.n_positions, caps) for v in (voice_a, voice_b))
+    m.backend.limit = slots + a_bytes + b_bytes - 1  # room for one of the two voices
+    b = BatchedModel(m)
+    b.init_slots(2, 16)
+    assert b.restore_prefix(0, voice_a) == "shared"
+    b.eval([(0, ps[2][:5]), (1, ps[3][:7])])
+    before = [(b.n_past(s), b.shared_positions(s), b.kv_slot_snapshot(s)) for s in range(2)]
+    with pytest.raises(CacheAllocationError) as info:
+        b.restore_prefix(1, voice_b)
+    text = str(info.value)
+    assert f"restore_prefix(1, a voice prefix of {voice_b.n_positions} positions)" in text, text
+    assert f"({b_bytes} bytes)" in text and f"({slots + a_bytes} bytes)" in text, text
+    assert f"({m.backend.limit} bytes)" in text and "nothing changed" in text, text
+    for s, (n, shared, (k, v)) in enumerate(before):
+        assert (b.n_past(s), b.shared_positions(s)) == (n, shared)
+        k2, v2 = b.kv_slot_snapshot(s)
+        np.testing.assert_array_equal(k2, k)
+        np.testing.assert_array_equal(v2, v)
+    assert len(m.backend._slots.prefixes) == 1  # the backend was not asked to hold it
+    # the held voice still serves another slot (it adds nothing), and the slots go on as
+    # slots that never saw the refusal
+    after = b.eval([(0, ps[2][5:8]), (1, ps[3][7:8])])
+    fresh = BatchedModel(_limited_model(tiny_model))
+    fresh.init_slots(2, 16)
+    fresh.restore_prefix(0, voice_a)
+    fresh.eval([(0, ps[2][:5]), (1, ps[3][:7])])
+    again = fresh.eval([(0, ps[2][5:8]), (1, ps[3][7:8])])
+    for r, ref in zip(after, again):
+        np.testing.assert_array_equal(r.logits, ref.logits)
+    b.reset_slot(1)
+    assert b.restore_prefix(1, voice_a) == "shared"
+    # exactly at the limit it fits
+    m.backend.limit += 1
+    b.reset_slot(1)
+    assert b.restore_prefix(1, voice_b) == "shared"
+    assert len(m.backend._slots.prefixes) == 2
+    b.close()
+    fresh.close()
+    m.close()
+
+
+def test_a_failed_voice_allocation_is_a_cache_allocation_error(tiny_model, monkeypatch):
+    """The backend's own MemoryError while holding a voice becomes CacheAllocationError
+    naming the bytes; the slot keeps what it had."""
+    from s2core.errors import CacheAllocationError
+
+    m = s2core.load(tiny_model, backend="numpy")
+    ps = prompts(2, seed=6)
+    voice = _voice(m, ps[0][:10])
+    b = BatchedModel(m)
+    b.init_slots(2, 16)
+    b.eval([(0, ps[1][:4])])
+
+    def no_memory(k, v):
+        raise MemoryError("Unable to allocate the prefix")
+    monkeypatch.setattr(m.backend, "add_kv_prefix", no_memory)
+    with pytest.raises(CacheAllocationError, match=r"the allocation failed: MemoryError"):
+        b.restore_prefix(0, voice)
+    assert (b.n_past(0), b.shared_positions(0)) == (4, 0)
+    monkeypatch.undo()  # before close(), which drops the backend's attributes
+    b.close()
+    m.close()
+
+
+def test_a_request_whose_voice_does_not_fit_fails_alone(tiny_model):
+    """Two voices, memory for one beside the slots: the request in the second voice ends
+    with CacheAllocationError, the others give generate()'s codes."""
+    from s2core.errors import CacheAllocationError
+    from s2core.memory import backend_kv_cache_bytes
+
+    m = _limited_model(tiny_model)
+    hp, caps = m.hparams, m.capabilities
+    ps = prompts(3, seed=7)  # 8, 11 and 14 rows
+    rows_a, rows_b = ps[1][:10], ps[2][:10]
+    voice_a, voice_b = _voice(m, rows_a), _voice(m, rows_b)
+    config = greedy(3)
+    tails = [p[:6] for p in prompts(3, seed=8)]
+    asks = [(voice_a, np.vstack([rows_a, tails[0]])), (voice_b, np.vstack([rows_b, tails[1]])),
+            (voice_a, np.vstack([rows_a, tails[2]]))]
+    alone = [generate(m, prompt, config, prefix=v) for v, prompt in asks]
+    own = 6 + config.max_new_tokens  # a slot holds the positions after its shared voice
+    m.backend.limit = (3 * backend_kv_cache_bytes(hp, own, caps)
+                       + backend_kv_cache_bytes(hp, 10, caps))
+    with Server(m, max_sequences=3) as server:
+        reqs = [server.submit(prompt, config, prefix=v) for v, prompt in asks]
+        server.run()
+        assert reqs[1].stats.stopped_by == FAILED and not reqs[1].frames
+        assert [r.stats.prefix_shared for r in (reqs[0], reqs[2])] == [True, True]
+        with pytest.raises(CacheAllocationError, match="restore_prefix"):
+            reqs[1].codes()
+        for i in (0, 2):
+            np.testing.assert_array_equal(reqs[i].codes(), alone[i], err_msg=f"request {i}")
+    m.close()

@@ -22,7 +22,9 @@ One `step()`:
 
 A backend with max_batch_sequences = 1 has one slot: its requests run one after another.
 A backend error ends every running request with it (the waiting ones stay queued); a
-request's on_frame that raises ends that request alone.
+request's on_frame that raises ends that request alone, and so does a request whose voice
+prefix would take the backend past its memory limit (CacheAllocationError, raised to whoever
+reads its codes).
 The server is driven from one thread (whoever iterates a request or calls step()).
 """
 
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from ..batching import BatchedModel
-from ..errors import CacheOverflowError, InvalidInputError
+from ..errors import CacheAllocationError, CacheOverflowError, InvalidInputError
 from ..generation import GenerationConfig, check_prompt
 from ..model import SlowARModel
 from .request import CANCELLED, FAILED, Request
@@ -168,7 +170,14 @@ class Server:
             request = self._waiting.popleft()
             request.slot = slot
             self._running[slot] = request
-            self._prefill(request)
+            try:
+                self._prefill(request)
+            except CacheAllocationError as exc:
+                # its voice does not fit beside the slots and voices held: refused before
+                # anything changed, so it ends alone and its slot is free again
+                del self._running[slot]
+                request.slot = None
+                request._finish(FAILED, exc)
 
     def _prefill(self, request: Request) -> None:
         """The prompt into the request's slot, alone in its call (the numbers of generate()'s

@@ -6,14 +6,20 @@ from s2core_numpy.plugin import OPTIONS as NUMPY_OPTIONS
 from s2core_numpy.plugin import numpy_capabilities
 
 from kit_broken_backends import F16_DECLARED, HALF_DECLARED
+from kit_broken_batching import BATCH_DECLARED, SHARES_DECLARED
 
 F32_ONLY = (Option("kv_cache_dtype", choices=("f32",), default="f32"),)
 
 
-def spec(name, cls, caps=CAPABILITIES, options=F32_ONLY):
-    return BackendSpec(name=f"broken_{name}", backend_class=f"kit_broken_backends:{cls}",
+def spec(name, cls, caps=CAPABILITIES, options=F32_ONLY, module="kit_broken_backends"):
+    return BackendSpec(name=f"broken_{name}", backend_class=f"{module}:{cls}",
                        probe=lambda: Probe(True, "broken on purpose", caps),
                        priority=-100, options=options)
+
+
+def batch_spec(name, cls):
+    """A broken variation of the NumPy backend (kit_broken_batching.py)."""
+    return spec(name, cls, numpy_capabilities(), NUMPY_OPTIONS, "kit_broken_batching")
 
 
 @hookimpl
@@ -46,4 +52,20 @@ def s2core_backends():
         spec("shared_call_state", "SharedCallState"),
         spec("keeps_weights_on_close", "KeepsWeightsOnClose"),
         spec("loses_cache_on_failed_init", "LosesCacheOnFailedInit"),
+        # several sequences per call (kit_broken_batching.py)
+        spec("batch_without_methods", "DeclaresBatchingWithoutMethods", BATCH_DECLARED,
+             module="kit_broken_batching"),
+        spec("sharing_without_methods", "DeclaresSharingWithoutMethods", SHARES_DECLARED,
+             module="kit_broken_batching"),
+        batch_spec("batch_results_in_slot_order", "ResultsInSlotOrder"),
+        batch_spec("batch_counts_the_calls_rows", "CountsTheCallsRows"),
+        batch_spec("batch_keeps_positions_on_reuse", "KeepsPositionsOnReuse"),
+        batch_spec("batch_keeps_prefix_after_reset", "KeepsPrefixAfterReset"),
+        batch_spec("batch_alias_results", "AliasSlotResults"),
+        batch_spec("batch_alias_fast", "AliasBatchedFastLogits"),
+        batch_spec("batch_four_slots_at_most", "FourSlotsAtMost"),
+        batch_spec("batch_fast_first_row_codes", "FastBatchFirstRowCodes"),
+        batch_spec("batch_writes_shared_prefix", "WritesIntoSharedPrefix"),
+        batch_spec("batch_reads_own_rows_only", "ReadsOwnRowsOnly"),
+        batch_spec("batch_loses_slots_on_failed_init", "LosesSlotsOnFailedInit"),
     ]
