@@ -209,6 +209,26 @@ def matmul_decoded(kind, codes, x, out):
                 out[r, t * TILE + j] = acc[r, j]
 
 
+@njit(parallel=True, cache=True)
+def pack_tiles(rows, codes):
+    """rows (O, row bytes) uint8 -> codes (n_tiles, row bytes, TILE): codes[t, k, j] = byte k
+    of row t*TILE + j; rows past O (the last tile's padding) are zero. A tile's 64 source rows
+    (92 KB for S2 Pro's Q4_K) stay in L2 while the inner loop gathers one byte from each, so
+    the transposition itself runs at ~4 GB/s (2 cores, in memory); straight from a freshly
+    mapped file, page faults on both sides bring that to ~0.5 GB/s. numpy's strided copy of
+    the same managed 0.35 GB/s: 7.9 s of a 9.6 s real-size q4_k_m load, now 5.7 s in all."""
+    n_rows, row_bytes = rows.shape
+    n_tiles = codes.shape[0]
+    for t in prange(n_tiles):
+        first = t * TILE
+        n = min(TILE, n_rows - first)
+        for k in range(row_bytes):
+            for j in range(n):
+                codes[t, k, j] = rows[first + j, k]
+            for j in range(n, TILE):
+                codes[t, k, j] = 0
+
+
 @njit(nogil=True, cache=True)
 def decode_tile(kind, codes, t, w):
     """Tile t as float32 (in, TILE) into w, for sgemm (tile_gemm.py)."""

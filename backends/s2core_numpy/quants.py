@@ -25,19 +25,6 @@ TYPES: frozenset[QT] = frozenset({QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K, Q
                                   QT.Q4_K, QT.Q5_K, QT.Q6_K})
 
 
-def _pack(blocks: np.ndarray, codes: np.ndarray) -> None:
-    """blocks (O, n_blocks, block bytes) -> codes (n_tiles, n_blocks, block bytes, TILE); rows
-    past O (the last tile's padding) are zero. numpy's strided copy (3.3 GB/s here) is twice
-    as fast as a numba loop doing the same."""
-    n_rows = blocks.shape[0]
-    full = n_rows // TILE
-    np.copyto(codes[:full], blocks[:full * TILE].reshape(full, TILE, *blocks.shape[1:])
-              .transpose(0, 2, 3, 1))
-    if full < codes.shape[0]:
-        codes[full] = 0
-        codes[full, :, :, :n_rows - full * TILE] = blocks[full * TILE:].transpose(1, 2, 0)
-
-
 class QuantMatrix(TiledMatrix):
     """A [out, in] block-quantized matrix in the tiled layout. `m(x)` is x @ W^T."""
 
@@ -55,10 +42,10 @@ class QuantMatrix(TiledMatrix):
             return None
         values, nbytes = block_shape(qtype)
         n_out = raw.shape[0]
-        blocks = raw.reshape(n_out, -1, nbytes)
-        codes = np.empty((n_tiles(n_out), blocks.shape[1], nbytes, TILE), np.uint8)
-        _pack(blocks, codes)
-        return cls(codes, qtype, n_out, blocks.shape[1] * values)
+        n_blocks = raw.shape[1] // nbytes
+        codes = np.empty((n_tiles(n_out), n_blocks, nbytes, TILE), np.uint8)
+        k.pack_tiles(raw, codes.reshape(codes.shape[0], n_blocks * nbytes, TILE))
+        return cls(codes, qtype, n_out, n_blocks * values)
 
     def _matvec(self, x: np.ndarray, out: np.ndarray) -> None:
         if self.kind in k.FUSED:
