@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-import pytest
 
 from s2core.batching import BatchedModel
 from s2core.generation import GenerationConfig
 from s2core.testing.prompts import mixed_prompt, semantic_frame
 
+from . import rules
 from .models import CONFIGS
 
 CONFIG = "gqa4"
@@ -76,7 +76,7 @@ BATCHING_RULES = {
 
 
 def fail(rule: str, message: str) -> None:
-    pytest.fail(f"rule '{rule}' ({BATCHING_RULES[rule]}): {message}", pytrace=False)
+    rules.fail(rule, message, BATCHING_RULES)
 
 
 def checked_call(rule: str, what: str, call: Callable[[], Any]) -> Any:

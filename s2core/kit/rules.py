@@ -66,8 +66,14 @@ RULES = {
 }
 
 
-def fail(rule: str, message: str) -> None:
-    pytest.fail(f"rule '{rule}' ({RULES[rule]}): {message}", pytrace=False)
+def fail(rule: str, message: str, rules: dict[str, str] = RULES) -> None:
+    """Fail the running kit test, naming the rule broken (from `rules`) and what was seen."""
+    pytest.fail(rule_message(rule, message, rules), pytrace=False)
+
+
+def rule_message(rule: str, message: str, rules: dict[str, str] = RULES) -> str:
+    """How a kit failure starts: the rule's name and what it asks, then what was seen."""
+    return f"rule '{rule}' ({rules[rule]}): {message}"
 
 
 class _NotAValue:
