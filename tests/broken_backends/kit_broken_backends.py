@@ -54,7 +54,7 @@ class NumpyOldSnapshots(NumpyBackend):
 
 
 def _fast_stack(backend, **wrong):
-    hp, f = backend.hparams, backend.hparams.fast
+    f = backend.hparams.fast
     values = dict(n_head=f.n_head, n_head_kv=f.n_head_kv, head_dim=f.head_dim,
                   eps=f.rms_norm_eps, base=f.rope_freq_base)
     values.update(wrong)
