@@ -18,6 +18,9 @@ Measured on 9728 x 2560 (2 shared cores, noisy): 4 rows in 10.5 ms (F16, was 16)
 (Q8_0, was 11); 28 rows (a prefill chunk) 61 and 28 ms (were 69 and 92).
 With the two-row kernels (same matrix, medians of 15, 2 cores): F16 1 / 2 / 4 rows 4.7 / 5.8
 / 8.8 ms, Q8_0 2.3 / 1.7 / 6.2 ms (two rows had cost what four do).
+Four 9728 x 2560 matrices in turn (read from memory, not L3), medians of 12, quiet: Q8_0 1 / 2
+/ 4 / 8 rows 1.41 / 1.97 / 4.01 / 4.97 ms; F16 1.83 / 1.75 / 4.34 / 7.68 ms, and 1.87 / 1.76 /
+2.58 ms since F16 weights are widened in registers (f16._widen: no trip through a buffer).
 
 Every row is accumulated exactly as the one-row kernels do it (F16: sum over inputs of
 (w * 2^112) * x in input order; Q8_0: each block's integer-weighted sum in input order, then
@@ -30,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .f16 import _UNSCALE
+from .f16 import _widen
 from .q8_0 import BLOCK
 from .tiled import TILE
 
@@ -38,22 +41,12 @@ from .tiled import TILE
 GROUP = 4
 
 
-#: float32 bits to keep after a sign-extended float16 is shifted left by 13: the sign (bit 31,
-#: set by the extension for a negative value) and the magnitude (bits 13-27); bits 28-30 hold
-#: copies of the sign
-_SIGN_AND_MAGNITUDE = np.int32(-0x70000001)  # 0x8FFFFFFF
-
-
 @njit(parallel=True, cache=True)
 def f16_rows(codes, x, out):
     """out[r, t*TILE + j] = sum_i (w[t, i, j] * 2^112) * x[r, i]; x has a multiple of 4 rows.
-
-    `codes` is the F16 layout viewed as int16: sign extension, one shift and one mask give the
-    bits f16._bits gives (sign << 16 | magnitude << 13) in three vector instructions instead of
-    six, which matters here: with four rows per weight the kernel is compute-bound."""
+    `codes` is the F16 layout viewed as int16 (f16._widen)."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        bits = np.empty(TILE, np.int32)
         a0 = np.empty(TILE, np.float32)
         a1 = np.empty(TILE, np.float32)
         a2 = np.empty(TILE, np.float32)
@@ -64,12 +57,9 @@ def f16_rows(codes, x, out):
             a2[:] = 0.0
             a3[:] = 0.0
             for i in range(n_in):
-                for j in range(TILE):
-                    bits[j] = (np.int32(codes[t, i, j]) << np.int32(13)) & _SIGN_AND_MAGNITUDE
-                w = bits.view(np.float32)
                 x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
                 for j in range(TILE):
-                    wj = w[j] * _UNSCALE
+                    wj = _widen(codes[t, i, j])
                     a0[j] += wj * x0
                     a1[j] += wj * x1
                     a2[j] += wj * x2
@@ -130,16 +120,12 @@ def f16_pair(codes, x, out):
     """f16_rows for two rows (x (2, in)), each accumulated as there."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        bits = np.empty(TILE, np.int32)
         a0 = np.zeros(TILE, np.float32)
         a1 = np.zeros(TILE, np.float32)
         for i in range(n_in):
-            for j in range(TILE):
-                bits[j] = (np.int32(codes[t, i, j]) << np.int32(13)) & _SIGN_AND_MAGNITUDE
-            w = bits.view(np.float32)
             x0, x1 = x[0, i], x[1, i]
             for j in range(TILE):
-                wj = w[j] * _UNSCALE
+                wj = _widen(codes[t, i, j])
                 a0[j] += wj * x0
                 a1[j] += wj * x1
         for j in range(TILE):
