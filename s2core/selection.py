@@ -7,9 +7,11 @@ its time follows the bytes held (benchmarks/results: on one CPU, NumPy's q8_0 ke
 beats torch's f16 copy of it, and without numba torch's f16 beats NumPy's float32 copies).
 Between equal holdings, the one that copies fewer bytes at load wins (weights used in place
 from the memory map load instantly and are shared through the page cache: torch maps an f16
-file, NumPy packs it into its kernels' layout, and torch's f16 step was also the faster),
-then priority (f32: both map it, NumPy's float32 GEMV is faster). It reads capabilities and
-the file only, never a backend's name.
+file, NumPy packs it into its kernels' layout, 4.9 s at 4 layers), then priority (f32: both
+map it, NumPy's float32 GEMV is faster). For f16 that choice now costs step speed: since
+NumPy's F16 kernels widen in registers its step is the faster (49 against 70 ms, 4 layers,
+benchmarks/results 2026-12-02 00:06); pass backend="numpy" for long generations. It reads
+capabilities and the file only, never a backend's name.
 """
 
 from __future__ import annotations
