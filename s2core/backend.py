@@ -260,8 +260,9 @@ class Backend(ABC):
     # every backend serves through the same core code (one sequence at a time).
     def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
         """Allocate n_slots caches of max_seq_len positions each, zero-filled, replacing the
-        slots held. The core guarantees 1 <= n_slots <= max_batch_sequences and that n_slots
-        caches fit kv_cache_limit_bytes(). If it raises, the previous slots must still be
+        slots held and dropping the prefix segments held (add_kv_prefix). The core
+        guarantees 1 <= n_slots <= max_batch_sequences and that n_slots caches fit
+        kv_cache_limit_bytes(). If it raises, the previous slots (and segments) must still be
         held, unchanged: build the new ones before dropping the old."""
         self.allocate_kv_cache(max_seq_len)
 

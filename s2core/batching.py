@@ -309,7 +309,6 @@ class BatchedModel:
             except BaseException:
                 # the slot's former voice stays referenced: the backend may still hold it
                 self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
-                self._release_idle()
                 raise
             self._n_past[slot] = self._shared[slot] = prefix.n_positions
             self._rows[slot] = [voice.tokens]
