@@ -121,11 +121,13 @@ class BatchedModel:
         return self._shared[self._check_slot(slot)]
 
     @property
+    @_guarded
     def held_voices(self) -> tuple[Any, ...]:
         """The KVPrefix of every voice held for the slots, least recently used first."""
         return self._voices.prefixes()
 
     @property
+    @_guarded
     def held_voice_bytes(self) -> int:
         """The bytes of K/V the backend holds for shared voices (as the limit counts them)."""
         return self._voices.held_bytes()
