@@ -68,7 +68,8 @@ class Capabilities:
     #: default) is a backend without batching: the core then serves one sequence at a time
     max_batch_sequences: int = 1
     #: the backend's KV slots can reference a shared, read-only voice prefix
-    #: (`add_kv_prefix`, `attach_kv_prefix`): slots in one voice hold its K/V once. Without
+    #: (`add_kv_prefix`, `attach_kv_prefix`, `remove_kv_prefix`): slots in one voice hold its
+    #: K/V once, and a voice no slot references can be dropped. Without
     #: it the core copies the prefix's K/V into each slot (writes_kv_cache) or recomputes it
     shares_kv_prefix: bool = False
 
@@ -259,8 +260,9 @@ class Backend(ABC):
     # every backend serves through the same core code (one sequence at a time).
     def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
         """Allocate n_slots caches of max_seq_len positions each, zero-filled, replacing the
-        slots held. The core guarantees 1 <= n_slots <= max_batch_sequences and that n_slots
-        caches fit kv_cache_limit_bytes(). If it raises, the previous slots must still be
+        slots held and dropping the prefix segments held (add_kv_prefix). The core
+        guarantees 1 <= n_slots <= max_batch_sequences and that n_slots caches fit
+        kv_cache_limit_bytes(). If it raises, the previous slots (and segments) must still be
         held, unchanged: build the new ones before dropping the old."""
         self.allocate_kv_cache(max_seq_len)
 
@@ -291,10 +293,19 @@ class Backend(ABC):
     def add_kv_prefix(self, k: np.ndarray, v: np.ndarray) -> Any:
         """Hold one read-only prefix segment: K and V float32 [n_layer, n, n_head_kv,
         head_dim] holding values of the cache type (what read_kv_slot returns). Returns a
-        handle for attach_kv_prefix. Segments live until free_kv_slots and are read-only:
-        no slot's call writes into them. The core has checked the segment's bytes, with the
-        slots and segments held, against kv_cache_limit_bytes(); if this raises, the segments
-        and slots held must stay as they were."""
+        handle for attach_kv_prefix. Segments live until remove_kv_prefix or free_kv_slots
+        and are read-only: no slot's call writes into them. The core has checked the
+        segment's bytes, with the slots and segments held, against kv_cache_limit_bytes();
+        if this raises, the segments and slots held must stay as they were."""
+        raise NotImplementedError(f"backend {self.name!r} cannot share a KV prefix")
+
+    def remove_kv_prefix(self, handle: Any) -> None:
+        """Drop one segment held by add_kv_prefix and free its memory now: the core counts
+        its bytes as available again at once (its next add_kv_prefix may need them). Every
+        other segment, every slot's rows and every attachment stay bit for bit as they were.
+        The core only removes a segment that no slot references (it detaches the slots
+        first: attach_kv_prefix(slot, None) or write_kv_slot), and never a handle twice or
+        one add_kv_prefix did not return: a backend may raise for either, as for a bug."""
         raise NotImplementedError(f"backend {self.name!r} cannot share a KV prefix")
 
     def attach_kv_prefix(self, slot: int, handle: Any) -> None:

@@ -15,6 +15,11 @@ before any change, and a slot's n_past advances only after the backend call succ
 The batched model takes over the backend's cache: on a one-slot backend the slot is the
 model's own cache, so `init_slots` frees the model's cache and the model's single-sequence
 calls must not be used until `free_slots()`.
+
+Voice prefixes (`restore_prefix`) are held for the slots and released when no slot references
+them any more: kept idle for the next request in that voice, at most `idle_voices` of them,
+and released least recently used first when a new voice would pass the memory limit
+(s2core/held_voices.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from . import inputs
 from .errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
                      InvalidInputError, S2CoreError)
+from .held_voices import HeldVoice, HeldVoices
 from .memory import backend_kv_cache_bytes, describe_bytes
 from .model import Result, SlowARModel
 
@@ -65,13 +71,24 @@ class _FastBatchSession:
                 and np.array_equal(hiddens, self.hiddens))
 
 
-class BatchedModel:
-    """KV slots on a loaded `SlowARModel`'s backend (see the module's docstring)."""
+#: voices no slot references that a BatchedModel keeps for their next request by default
+IDLE_VOICES = 8
 
-    def __init__(self, model: SlowARModel):
+
+class BatchedModel:
+    """KV slots on a loaded `SlowARModel`'s backend (see the module's docstring).
+
+    idle_voices: how many voice prefixes no slot references are kept (least recently used
+    released first); 0 releases a voice as soon as its last slot is reset or reused."""
+
+    def __init__(self, model: SlowARModel, idle_voices: int = IDLE_VOICES):
         if not isinstance(model, SlowARModel):
             raise InvalidInputError("model", f"model must be an s2core model (s2core.load), "
                                     f"got {type(model).__name__}")
+        if isinstance(idle_voices, (bool, np.bool_)) or not isinstance(
+                idle_voices, (int, np.integer)) or idle_voices < 0:
+            raise InvalidInputError("idle_voices", f"idle_voices must be an int >= 0, got "
+                                    f"{idle_voices!r}")
         self.model = model
         self.backend = model.backend
         self.hparams = model.hparams
@@ -80,10 +97,7 @@ class BatchedModel:
         self._rows: list[list[np.ndarray]] = []
         self._max_seq_len: int | None = None
         self._fast: _FastBatchSession | None = None
-        # voice prefixes by id(prefix): (prefix, backend handle, token rows) where the
-        # backend shares them, else (prefix, K, V converted to float32 once); held until
-        # free_slots
-        self._voices: dict[int, tuple[Any, ...]] = {}
+        self._voices = HeldVoices(int(idle_voices))
 
     # ------------------------------------------------------------------ state
     @property
@@ -105,6 +119,18 @@ class BatchedModel:
     def shared_positions(self, slot: int) -> int:
         """Positions of the shared prefix the slot references (0 without one)."""
         return self._shared[self._check_slot(slot)]
+
+    @property
+    @_guarded
+    def held_voices(self) -> tuple[Any, ...]:
+        """The KVPrefix of every voice held for the slots, least recently used first."""
+        return self._voices.prefixes()
+
+    @property
+    @_guarded
+    def held_voice_bytes(self) -> int:
+        """The bytes of K/V the backend holds for shared voices (as the limit counts them)."""
+        return self._voices.held_bytes()
 
     @_guarded
     def n_past(self, slot: int) -> int:
@@ -140,7 +166,7 @@ class BatchedModel:
         self._shared = [0] * n_slots
         self._rows = [[] for _ in range(n_slots)]
         self._fast = None
-        self._voices = {}
+        self._voices.reset(n_slots)  # the backend's new slots hold no voice
 
     def _allocate(self, n_slots: int, max_seq_len: int) -> None:
         """The slots' memory, checked against the limit init_kv_cache uses (the backend's
@@ -180,6 +206,8 @@ class BatchedModel:
             self.backend.attach_kv_prefix(slot, None)
         self._n_past[slot] = self._shared[slot] = 0
         self._rows[slot] = []
+        self._voices.set_slot(slot, None)
+        self._release_idle()
 
     @_guarded
     def free_slots(self) -> None:
@@ -188,7 +216,7 @@ class BatchedModel:
             self.backend.free_kv_slots()
         self._max_seq_len = None
         self._n_past, self._shared, self._rows, self._fast = [], [], [], None
-        self._voices = {}
+        self._voices.reset(0)  # free_kv_slots dropped them
 
     @_guarded
     def kv_slot_snapshot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -260,50 +288,64 @@ class BatchedModel:
         prefix object, and referenced by the slot), "written" (converted once, copied into
         the slot) or "recomputed" (prefilled again).
 
-        A voice the backend is to hold for the first time is checked against
-        kv_cache_limit_bytes() with the slots and the voices already held: beyond it (or if
-        the backend's allocation fails) CacheAllocationError names the bytes, and nothing has
-        changed (this slot, the others, their n_past, the voices held)."""
+        A voice the backend is to hold that it does not hold already is checked against
+        kv_cache_limit_bytes() with the slots and the voices held. If it does not fit, the
+        idle voices (no slot references them) are released, least recently used first, just
+        enough to make room. If even releasing all of them would not be enough, it raises
+        CacheAllocationError naming the bytes, and nothing has changed (this slot, the
+        others, their n_past, the voices held). If the backend's own allocation fails it
+        raises CacheAllocationError too, the slots as they were; idle voices released to
+        make room for it stay released."""
         slot = self._check_slot(slot)
         caps = self.backend.capabilities
-        voice = self._voices.get(id(prefix))
-        if voice is None or voice[0] is not prefix:
+        voice = self._voices.get(prefix)
+        if voice is None:
             # a shared prefix is not in the slot: its positions count against the context
             self.model.check_prefix(prefix, self.hparams.context_length
                                     if caps.shares_kv_prefix else self._max_seq_len)
-            voice = None
         if caps.shares_kv_prefix:
             if voice is None:
-                voice = self._voices[id(prefix)] = self._add_voice(slot, prefix)
+                voice = self._add_voice(slot, prefix)
             try:
-                self.backend.attach_kv_prefix(slot, voice[1])
+                self.backend.attach_kv_prefix(slot, voice.handle)
             except BaseException:
+                # the slot's former voice stays referenced: the backend may still hold it
                 self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
                 raise
             self._n_past[slot] = self._shared[slot] = prefix.n_positions
-            self._rows[slot] = [voice[2]]
+            self._rows[slot] = [voice.tokens]
+            self._voices.set_slot(slot, voice)
+            self._release_idle()
             return "shared"
         if not caps.writes_kv_cache:
             self.reset_slot(slot)
             self.eval([(slot, prefix.tokens)])
             return "recomputed"
         if voice is None:
-            voice = self._voices[id(prefix)] = (prefix, prefix.k, prefix.v)
-        self.write_prefix_kv(slot, prefix, voice[1], voice[2])
+            voice = HeldVoice(prefix, k=prefix.k, v=prefix.v)  # converted to float32 once
+            self._voices.add(voice)
+        self.write_prefix_kv(slot, prefix, voice.k, voice.v)
         return "written"
 
-    def _add_voice(self, slot: int, prefix: Any) -> tuple[Any, ...]:
+    def _add_voice(self, slot: int, prefix: Any) -> HeldVoice:
         """Have the backend hold a new voice's K/V (once, for every slot that starts with it),
-        after checking the memory it adds: CacheAllocationError naming the bytes, with
-        nothing changed, when the slots, the voices held and this one pass
-        kv_cache_limit_bytes() (or the backend's allocation fails)."""
+        after checking the memory it adds against kv_cache_limit_bytes() with the slots and
+        the voices held, and releasing idle voices if that makes room (see restore_prefix)."""
         need = self._voice_bytes(prefix)
         held = self._held_bytes()
         limit = self.backend.kv_cache_limit_bytes()
+        release: list[HeldVoice] = []
         if limit is not None and held + need > limit:
-            raise CacheAllocationError(self._voice_message(
-                slot, prefix, need, held, f"more than the {describe_bytes(limit)} backend "
-                f"{self.backend.name!r} can allocate here"))
+            idle = self._voices.idle()
+            chosen = self._voices.to_release_for(held + need - limit)
+            if chosen is None:
+                raise CacheAllocationError(self._voice_message(
+                    slot, prefix, need, held, f"more than the {describe_bytes(limit)} backend "
+                    f"{self.backend.name!r} can allocate here", idle=idle))
+            release = chosen
+            for voice in release:
+                self._release(voice)
+            held = self._held_bytes()
         try:
             handle = self.backend.add_kv_prefix(prefix.k, prefix.v)
         except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
@@ -311,10 +353,23 @@ class BatchedModel:
         except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
             raise CacheAllocationError(self._voice_message(
                 slot, prefix, need, held, f"the allocation failed: {type(exc).__name__}: "
-                f"{str(exc)[:300]}")) from exc
+                f"{str(exc)[:300]}", released=len(release))) from exc
         tokens = prefix.tokens.copy()  # one copy per voice, as its K/V
         tokens.flags.writeable = False
-        return prefix, handle, tokens
+        voice = HeldVoice(prefix, handle=handle, tokens=tokens, n_bytes=need)
+        self._voices.add(voice)
+        return voice
+
+    def _release(self, voice: HeldVoice) -> None:
+        """Forget a voice no slot references; the backend frees what it held for it."""
+        if voice.shared:
+            self.backend.remove_kv_prefix(voice.handle)
+        self._voices.forget(voice)
+
+    def _release_idle(self) -> None:
+        """Release the least recently used idle voices past the number kept."""
+        for voice in self._voices.beyond_idle_limit():
+            self._release(voice)
 
     def _voice_bytes(self, prefix: Any) -> int:
         """What the backend holds for one shared voice: its K/V in the held cache type."""
@@ -322,22 +377,28 @@ class BatchedModel:
                                       self.backend.capabilities)
 
     def _held_bytes(self) -> int:
-        """The slots' K/V and every voice's, as a backend that shares voices holds them."""
+        """The slots' K/V and the shared voices held, as the backend holds them."""
         slots = self.n_slots * backend_kv_cache_bytes(self.hparams, self._max_seq_len or 0,
                                                       self.backend.capabilities)
-        return slots + sum(self._voice_bytes(v[0]) for v in self._voices.values())
+        return slots + self._voices.held_bytes()
 
-    def _voice_message(self, slot: int, prefix: Any, need: int, held: int, why: str) -> str:
+    def _voice_message(self, slot: int, prefix: Any, need: int, held: int, why: str,
+                       idle: Sequence[HeldVoice] = (), released: int = 0) -> str:
         hp = self.hparams
         n_voices = len(self._voices)
+        freeable = (f"; releasing the {len(idle)} voice(s) no slot uses "
+                    f"({describe_bytes(sum(v.n_bytes for v in idle))}) would not make room"
+                    if idle else "")
+        kept = (f"the slots (n_past={self._n_past}) and the voices held are kept"
+                if not released else f"the slots (n_past={self._n_past}) are kept; "
+                f"{released} voice(s) no slot used were released to make room for it")
         return (f"restore_prefix({slot}, a voice prefix of {prefix.n_positions} positions): "
                 f"its K and V, held once for every slot in that voice, {hp.n_layer} layers x "
                 f"{prefix.n_positions} positions x {hp.n_head_kv} KV heads x {hp.head_dim} in "
                 f"{self.backend.capabilities.kv_cache_held_dtype}, take "
                 f"{describe_bytes(need)}; with the {self.n_slots} slots and {n_voices} "
                 f"voice(s) held ({describe_bytes(held)}) that is {describe_bytes(held + need)}, "
-                f"{why}; nothing changed: the slots (n_past={self._n_past}) and the voices "
-                f"held are kept")
+                f"{why}{freeable}; {'nothing changed: ' if not released else ''}{kept}")
 
     @_guarded
     def write_prefix_kv(self, slot: int, prefix: Any, k: np.ndarray, v: np.ndarray) -> None:
@@ -350,6 +411,8 @@ class BatchedModel:
             raise
         self._n_past[slot], self._shared[slot] = prefix.n_positions, 0
         self._rows[slot] = [prefix.tokens.copy()]
+        self._voices.set_slot(slot, None)  # write_kv_slot detached a shared voice
+        self._release_idle()
 
     # ------------------------------------------------------------------ checks
     def _require_slots(self) -> int:

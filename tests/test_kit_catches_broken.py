@@ -85,6 +85,10 @@ BATCH_EXPECTED = {
                                          kb.SHARED_PREFIX),
     "broken_batch_loses_slots_on_failed_init": ("test_slots_beyond_the_memory_limit_are_refused",
                                                 kb.SLOT_MEMORY),
+    "broken_batch_removes_another_voice": ("test_a_released_voice_frees_only_itself",
+                                           kb.VOICE_RELEASED),
+    "broken_batch_keeps_removed_voice": ("test_a_released_voice_frees_only_itself",
+                                         kb.VOICE_RELEASED),
 }
 #: the unbroken backends every batching test must pass: NumPy (which the broken ones vary)
 #: and the example (one slot, the core's fallback)

@@ -284,16 +284,15 @@ def test_a_failed_voice_allocation_is_a_cache_allocation_error(tiny_model, monke
     m.close()
 
 
-def test_a_request_whose_voice_does_not_fit_fails_alone(tiny_model):
-    """Two voices, memory for one beside the slots: the request in the second voice ends
-    with CacheAllocationError, the others give generate()'s codes."""
-    from s2core.errors import CacheAllocationError
+def _two_voice_server_case(tiny_model, b_rows: int):
+    """A model with memory for three slots and one voice of 10 positions; requests in voice
+    a (10 positions), voice b (b_rows positions), voice a; each one's codes alone."""
     from s2core.memory import backend_kv_cache_bytes
 
     m = _limited_model(tiny_model)
     hp, caps = m.hparams, m.capabilities
     ps = prompts(3, seed=7)  # 8, 11 and 14 rows
-    rows_a, rows_b = ps[1][:10], ps[2][:10]
+    rows_a, rows_b = ps[1][:10], ps[2][:b_rows]
     voice_a, voice_b = _voice(m, rows_a), _voice(m, rows_b)
     config = greedy(3)
     tails = [p[:6] for p in prompts(3, seed=8)]
@@ -303,6 +302,32 @@ def test_a_request_whose_voice_does_not_fit_fails_alone(tiny_model):
     own = 6 + config.max_new_tokens  # a slot holds the positions after its shared voice
     m.backend.limit = (3 * backend_kv_cache_bytes(hp, own, caps)
                        + backend_kv_cache_bytes(hp, 10, caps))
+    return m, asks, alone, config
+
+
+def test_a_request_whose_voice_does_not_fit_yet_waits_for_room(tiny_model):
+    """Memory for one voice beside the slots: the request in the second voice waits until
+    the first voice's requests have left (it is released then), and the request behind it
+    waits its turn; all give generate()'s codes."""
+    m, asks, alone, config = _two_voice_server_case(tiny_model, 10)
+    with Server(m, max_sequences=3) as server:
+        reqs = [server.submit(prompt, config, prefix=v) for v, prompt in asks]
+        server.step()
+        assert reqs[0].slot is not None and reqs[1].slot is None and reqs[2].slot is None
+        server.run()
+        for i, r in enumerate(reqs):
+            assert r.stats.prefix_shared, f"request {i}"
+            np.testing.assert_array_equal(r.codes(), alone[i], err_msg=f"request {i}")
+        assert len(server.batched.held_voices) == 1  # each voice was released for the next
+    m.close()
+
+
+def test_a_request_whose_voice_never_fits_fails_alone(tiny_model):
+    """A voice larger than the room beside the slots, even with no other voice held: its
+    request ends with CacheAllocationError, the others give generate()'s codes."""
+    from s2core.errors import CacheAllocationError
+
+    m, asks, alone, config = _two_voice_server_case(tiny_model, 11)
     with Server(m, max_sequences=3) as server:
         reqs = [server.submit(prompt, config, prefix=v) for v, prompt in asks]
         server.run()
@@ -312,4 +337,118 @@ def test_a_request_whose_voice_does_not_fit_fails_alone(tiny_model):
             reqs[1].codes()
         for i in (0, 2):
             np.testing.assert_array_equal(reqs[i].codes(), alone[i], err_msg=f"request {i}")
+    m.close()
+
+
+# ---------------------------------------------------------------------- releasing voices
+def _backend_voice_positions(m) -> list[int]:
+    """Positions of each voice the NumPy backend holds now (its own state, not the core's)."""
+    return [pair[0].shape[2] for pair in m.backend._slots.prefixes.values()]
+
+
+def test_a_long_run_serves_more_voices_than_fit_at_once(tiny_model):
+    """Seven requests, each in its own voice, two slots, memory for the slots and two voices:
+    every request gives generate()'s codes, and the backend never holds more voices than
+    the limit allows (the idle ones are released, least recently used first)."""
+    from s2core.memory import backend_kv_cache_bytes
+
+    m = _limited_model(tiny_model)
+    hp, caps = m.hparams, m.capabilities
+    rng = np.random.default_rng(9)
+    config = greedy(3)
+    asks = []
+    for i in range(7):
+        rows = mixed_prompt(hp, 8 + i % 3 * 2, rng)  # voices of 8, 10 and 12 positions
+        asks.append((_voice(m, rows), np.vstack([rows, mixed_prompt(hp, 5, rng)])))
+    alone = [generate(m, prompt, config, prefix=v) for v, prompt in asks]
+    own = 5 + config.max_new_tokens
+    slots = 2 * backend_kv_cache_bytes(hp, own, caps)
+    m.backend.limit = slots + 2 * backend_kv_cache_bytes(hp, 12, caps)
+    with Server(m, max_sequences=2) as server:
+        reqs = [server.submit(prompt, config, prefix=v) for v, prompt in asks]
+        while server.busy:
+            server.step()
+            held = sum(backend_kv_cache_bytes(hp, n, caps) for n in _backend_voice_positions(m))
+            assert slots + held <= m.backend.limit, _backend_voice_positions(m)
+            assert held == server.batched.held_voice_bytes
+        for i, r in enumerate(reqs):
+            assert r.stats.stopped_by != FAILED, r.stats
+            assert r.stats.prefix_shared
+            np.testing.assert_array_equal(r.codes(), alone[i], err_msg=f"request {i}")
+    m.close()
+
+
+def _batched_with_room(tiny_model, n_slots, voice_positions, idle_voices=8):
+    """A BatchedModel of n_slots 16-position slots on a backend with room for them and
+    `voice_positions` voice positions; and three voices A, B (10 positions), C (12)."""
+    from s2core.memory import backend_kv_cache_bytes
+
+    m = _limited_model(tiny_model)
+    hp, caps = m.hparams, m.capabilities
+    ps = prompts(3, seed=10)  # 8, 11, 14 rows
+    voices = [_voice(m, ps[1][:10]), _voice(m, ps[2][:10]), _voice(m, ps[2][:12])]
+    m.backend.limit = (n_slots * backend_kv_cache_bytes(hp, 16, caps)
+                       + backend_kv_cache_bytes(hp, voice_positions, caps))
+    b = BatchedModel(m, idle_voices=idle_voices)
+    b.init_slots(n_slots, 16)
+    return m, b, voices
+
+
+def test_idle_voices_are_kept_and_the_least_recently_used_makes_room(tiny_model):
+    m, b, (a, bv, c) = _batched_with_room(tiny_model, 1, 22)
+    for voice in (a, bv, a):  # A used again last: B is the least recently used
+        b.reset_slot(0)
+        assert b.restore_prefix(0, voice) == "shared"
+    b.reset_slot(0)
+    assert b.held_voices == (bv, a)  # both idle, kept
+    assert sorted(_backend_voice_positions(m)) == [10, 10]
+    assert b.restore_prefix(0, c) == "shared"  # 10 + 10 + 12 > 22: B goes, A stays
+    assert b.held_voices == (a, c)
+    assert sorted(_backend_voice_positions(m)) == [10, 12]
+    b.eval([(0, prompts(1, seed=11)[0][:4])])  # the slot in C works as a fresh one would
+    b.close()
+    m.close()
+
+
+def test_a_voice_refused_releases_nothing(tiny_model):
+    """When releasing every idle voice would not make room, nothing is released and
+    nothing changes."""
+    from s2core.errors import CacheAllocationError
+
+    m, b, (a, bv, c) = _batched_with_room(tiny_model, 2, 21)
+    b.restore_prefix(0, bv)
+    b.reset_slot(0)           # B idle (10 positions)
+    b.restore_prefix(0, a)    # A referenced by slot 0 (10 positions)
+    b.eval([(0, prompts(1, seed=12)[0][:3]), (1, prompts(1, seed=13)[0][:5])])
+    before = [(b.n_past(s), b.kv_slot_snapshot(s)) for s in range(2)]
+    with pytest.raises(CacheAllocationError) as info:
+        b.restore_prefix(1, c)  # 10 + 12 > 21 even without B
+    assert "releasing the 1 voice(s) no slot uses" in str(info.value), str(info.value)
+    assert "nothing changed" in str(info.value)
+    assert b.held_voices == (bv, a) and sorted(_backend_voice_positions(m)) == [10, 10]
+    for s, (n, (k, v)) in enumerate(before):
+        assert b.n_past(s) == n
+        np.testing.assert_array_equal(b.kv_slot_snapshot(s)[0], k)
+        np.testing.assert_array_equal(b.kv_slot_snapshot(s)[1], v)
+    b.close()
+    m.close()
+
+
+@pytest.mark.parametrize("idle_voices", [0, 1])
+def test_idle_voices_beyond_the_number_kept_are_released(tiny_model, idle_voices):
+    m, b, voices = _batched_with_room(tiny_model, 2, 1000, idle_voices=idle_voices)
+    b.restore_prefix(1, voices[0])  # referenced all along: never released
+    for voice in voices[1:]:
+        b.reset_slot(0)
+        b.restore_prefix(0, voice)
+        b.reset_slot(0)
+        assert len(b.held_voices) == 1 + idle_voices
+        assert b.held_voices[-1] is (voice if idle_voices else voices[0])
+        assert len(_backend_voice_positions(m)) == 1 + idle_voices
+    b.reset_slot(1)
+    assert len(b.held_voices) == idle_voices
+    with pytest.raises(InvalidInputError) as info:
+        BatchedModel(m, idle_voices=-1)
+    assert info.value.check == "idle_voices"
+    b.close()
     m.close()

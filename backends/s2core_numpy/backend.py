@@ -238,6 +238,9 @@ class NumpyBackend(Backend):
     def attach_kv_prefix(self, slot: int, handle) -> None:
         self._slots.attach(slot, handle)
 
+    def remove_kv_prefix(self, handle: int) -> None:
+        self._slots.remove_prefix(handle)
+
     def eval_slots(self, batches: list[tuple[int, EvalBatch]]
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
         from .slots import eval_slots

@@ -98,26 +98,38 @@ def segments_of(batches: list[EvalBatch]) -> list[tuple[int, int, int]]:
 class SlotCache:
     """n_slots caches [n_layer, n_head_kv, capacity, head_dim] float32 (the backend's own
     single-sequence layout, one per slot), and shared prefixes in the same layout: a slot
-    that starts with one (`attach`) holds only its own positions, from index 0 of its cache."""
+    that starts with one (`attach`) holds only its own positions, from index 0 of its cache.
+    A prefix's handle is a number never given twice, so removing one changes no other."""
 
     def __init__(self, n_slots: int, n_layer: int, n_head_kv: int, capacity: int,
                  head_dim: int):
         shape = (n_slots, n_layer, n_head_kv, capacity, head_dim)
         self.k = np.zeros(shape, np.float32)
         self.v = np.zeros(shape, np.float32)
-        self.prefixes: list[tuple[np.ndarray, np.ndarray]] = []  # read-only, held once
-        self.attached: list[int | None] = [None] * n_slots       # index into prefixes
+        self.prefixes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # read-only, held once
+        self.attached: list[int | None] = [None] * n_slots            # a key of prefixes
+        self._next_handle = 0
 
     def add_prefix(self, k: np.ndarray, v: np.ndarray) -> int:
         pair = tuple(np.ascontiguousarray(c.transpose(0, 2, 1, 3), np.float32) for c in (k, v))
         for c in pair:
             c.flags.writeable = False
-        self.prefixes.append(pair)
-        return len(self.prefixes) - 1
+        handle, self._next_handle = self._next_handle, self._next_handle + 1
+        self.prefixes[handle] = pair
+        return handle
+
+    def remove_prefix(self, handle: int) -> None:
+        """Drop a prefix no slot references (its arrays are freed with the last reference)."""
+        if handle not in self.prefixes:
+            raise ValueError(f"no shared prefix {handle!r} (holding {sorted(self.prefixes)})")
+        users = [s for s, h in enumerate(self.attached) if h == handle]
+        if users:
+            raise ValueError(f"shared prefix {handle} is still attached to slot(s) {users}")
+        del self.prefixes[handle]
 
     def attach(self, slot: int, handle: int | None) -> None:
-        if handle is not None and not 0 <= handle < len(self.prefixes):
-            raise ValueError(f"no shared prefix {handle!r} (holding {len(self.prefixes)})")
+        if handle is not None and handle not in self.prefixes:
+            raise ValueError(f"no shared prefix {handle!r} (holding {sorted(self.prefixes)})")
         self.attached[slot] = handle
 
     def prefix(self, slot: int, layer: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -53,7 +53,7 @@ class BatchingConformance(VoiceAndServingConformance):
                        "fast_decode_batch"] + (["write_kv_slot"]
                                                if m.capabilities.writes_kv_cache else [])
         if m.capabilities.shares_kv_prefix:
-            needed += ["add_kv_prefix", "attach_kv_prefix"]
+            needed += ["add_kv_prefix", "attach_kv_prefix", "remove_kv_prefix"]
         missing = [name for name in needed if getattr(cls, name) is getattr(Backend, name)]
         if missing:
             fail(SLOT_METHODS, f"max_batch_sequences={n}, shares_kv_prefix="

@@ -36,13 +36,14 @@ SLOT_CHECKS = "bad-slot-input-changes-nothing"
 SHARED_PREFIX = "slots-start-with-a-shared-prefix"
 PREFIX_UNCHANGED = "shared-prefix-unchanged-by-its-slots"
 SLOT_MEMORY = "slots-beyond-the-limit-are-refused-and-kept"
+VOICE_RELEASED = "a-released-voice-frees-only-itself"
 SERVED = "served-requests-equal-generate"
 
 #: rule name -> what it says (contract.md section 9 lists them)
 BATCHING_RULES = {
     SLOT_METHODS: "a backend declaring max_batch_sequences > 1 overrides the slot methods, "
-                  "and one declaring shares_kv_prefix overrides add_kv_prefix and "
-                  "attach_kv_prefix",
+                  "and one declaring shares_kv_prefix overrides add_kv_prefix, "
+                  "attach_kv_prefix and remove_kv_prefix",
     SLOTS_ALONE: "each slot of a call gets the hidden, logits and K/V of its sequence run "
                  "alone (chunked-prefill tolerance), returned in the order the slots were "
                  "asked, whatever its neighbours hold",
@@ -69,6 +70,9 @@ BATCHING_RULES = {
     SLOT_MEMORY: "init_slots beyond kv_cache_limit_bytes (counted for every slot), or one "
                  "whose allocation fails, raises CacheAllocationError and keeps the previous "
                  "slots, their n_past and K/V, which go on as before",
+    VOICE_RELEASED: "a voice no slot references, released by the core (remove_kv_prefix), "
+                    "frees its memory, and every other voice and slot stays bit for bit as "
+                    "it was; the voice added again later gives the same numbers",
     SERVED: "the server's requests give generate()'s codes under greedy sampling, joining "
             "and leaving, beside cancelled neighbours and in a shared voice; sampled ones "
             "repeat by seed",

@@ -1,6 +1,7 @@
 """Conformance of voice prefixes in slots and of the server (part of BackendConformance,
 through BatchingConformance): slots that start with a shared voice prefix, the prefix left
-unchanged by them, and the server's requests against generate().
+unchanged by them, and the server's requests against generate(); releasing a voice is
+s2core/kit/voice_release.py's.
 
 Each test checks one rule of s2core/kit/batching_rules.py and fails naming it.
 """
@@ -17,9 +18,10 @@ from .batching_rules import (CONFIG, IM_END, PREFIX_UNCHANGED, SERVED, SHARED_PR
                              checked_call, describe_call, fail, greedy, kv_differs,
                              n_slots_for, rel_err, same_codes, sequences, voice_prefix)
 from .tolerances import kv_tolerance, output_tolerance
+from .voice_release import VoiceReleaseConformance
 
 
-class VoiceAndServingConformance:
+class VoiceAndServingConformance(VoiceReleaseConformance):
     """Mixed into BackendConformance (through BatchingConformance); uses its `open_model`
     fixture and `batch_weight_type`."""
 
@@ -143,8 +145,6 @@ class VoiceAndServingConformance:
                  f"{n_slots} slots used it, differs from restore_prefix + prefill alone by "
                  f"{err:.2e} > {output_tolerance(caps):.1e}")
         b.close()
-
-    # ------------------------------------------------------------ memory
 
     # ------------------------------------------------------------ serving
     def test_generate_many_equals_generate(self, open_model):

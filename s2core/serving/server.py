@@ -22,21 +22,28 @@ One `step()`:
 
 A backend with max_batch_sequences = 1 has one slot: its requests run one after another.
 A backend error ends every running request with it (the waiting ones stay queued); a
-request's on_frame that raises ends that request alone, and so does a request whose voice
-prefix would take the backend past its memory limit (CacheAllocationError, raised to whoever
-reads its codes).
+request's on_frame that raises ends that request alone.
+
+Voices: a slot that frees up is reset at once, so the voice it referenced is idle when no
+other request uses it: BatchedModel keeps a few idle voices for the next request in them and
+releases the least recently used when a new voice needs their memory. A request whose voice
+does not fit beside the voices the running requests use waits at the head of the queue (the
+requests behind it wait too, so it is not overtaken) until they leave; one whose voice does
+not fit even with no other voice held ends alone with CacheAllocationError, raised to
+whoever reads its codes.
 The server is driven from one thread (whoever iterates a request or calls step()).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..batching import BatchedModel
+from ..batching import IDLE_VOICES, BatchedModel
 from ..errors import CacheAllocationError, CacheOverflowError, InvalidInputError
 from ..generation import GenerationConfig, check_prompt
 from ..model import SlowARModel
@@ -53,11 +60,12 @@ class Server:
     max_batch_sequences; more than that is refused. max_seq_len: each slot's capacity, in the
     positions it holds itself (a voice prefix the backend shares is not among them); None =
     sized by the requests waiting when the slots are first allocated (a later request that
-    needs more is refused)."""
+    needs more is refused). idle_voices: voice prefixes no request uses that are kept for
+    the next request in them (BatchedModel's)."""
 
     def __init__(self, model: SlowARModel, max_sequences: int | None = None,
-                 max_seq_len: int | None = None):
-        self.batched = BatchedModel(model)
+                 max_seq_len: int | None = None, idle_voices: int = IDLE_VOICES):
+        self.batched = BatchedModel(model, idle_voices=idle_voices)
         self.model = model
         self.hparams = model.hparams
         cap = self.batched.max_batch_sequences
@@ -143,6 +151,9 @@ class Server:
             # theirs: they end with the error; waiting requests stay queued.
             for request in list(self._running.values()):
                 request._finish(FAILED, exc)
+            for slot in list(self._running):
+                with contextlib.suppress(Exception):  # best effort: its voice is idle again
+                    self.batched.reset_slot(slot)
             self._running.clear()
             raise
 
@@ -173,11 +184,19 @@ class Server:
             try:
                 self._prefill(request)
             except CacheAllocationError as exc:
-                # its voice does not fit beside the slots and voices held: refused before
-                # anything changed, so it ends alone and its slot is free again
+                # its voice does not fit beside the slots and the voices held: refused
+                # before anything changed, and its slot is free again
                 del self._running[slot]
                 request.slot = None
-                request._finish(FAILED, exc)
+                if self._voices_in_use():
+                    self._waiting.appendleft(request)  # room comes when they leave
+                    break
+                request._finish(FAILED, exc)  # it would not fit with no other voice either
+
+    def _voices_in_use(self) -> bool:
+        """A running request references a voice the backend holds for it (one that will be
+        released, or can be, when the request leaves)."""
+        return any(r.stats.prefix_shared for r in self._running.values())
 
     def _prefill(self, request: Request) -> None:
         """The prompt into the request's slot, alone in its call (the numbers of generate()'s
@@ -241,6 +260,7 @@ class Server:
             if r.done:
                 del self._running[slot]
                 r.slot = None
+                self.batched.reset_slot(slot)  # its voice is idle unless another uses it
 
     # ------------------------------------------------------------------ life cycle
     def close(self) -> None:

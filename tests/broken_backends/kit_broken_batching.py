@@ -173,3 +173,19 @@ class ReadsOwnRowsOnly(NumpyBackend):
         own = n_positions - self._slots.prefixes[h][0].shape[2]
         return tuple(c[slot, :, :, :own].transpose(0, 2, 1, 3).copy()
                      for c in (self._slots.k, self._slots.v))
+
+
+class RemovesAnotherVoice(NumpyBackend):
+    """remove_kv_prefix drops the first voice it holds, not the one it is given (an index
+    mixed up with a handle): a slot still in that voice loses it."""
+
+    def remove_kv_prefix(self, handle):
+        del self._slots.prefixes[min(self._slots.prefixes)]
+
+
+class KeepsRemovedVoice(NumpyBackend):
+    """remove_kv_prefix does nothing: the voice's memory stays held while the core counts
+    it as free for the next voice."""
+
+    def remove_kv_prefix(self, handle):
+        pass

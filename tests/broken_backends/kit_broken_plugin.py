@@ -68,4 +68,6 @@ def s2core_backends():
         batch_spec("batch_writes_shared_prefix", "WritesIntoSharedPrefix"),
         batch_spec("batch_reads_own_rows_only", "ReadsOwnRowsOnly"),
         batch_spec("batch_loses_slots_on_failed_init", "LosesSlotsOnFailedInit"),
+        batch_spec("batch_removes_another_voice", "RemovesAnotherVoice"),
+        batch_spec("batch_keeps_removed_voice", "KeepsRemovedVoice"),
     ]
