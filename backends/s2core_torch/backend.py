@@ -134,10 +134,15 @@ class TorchBackend(Backend):
         return cache, ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
 
     def kv_cache_limit_bytes(self) -> int | None:
-        """On CUDA: the device's free memory plus the cache held now (it can be freed first);
-        on the CPU: available host memory, since torch.zeros touches every page."""
+        """On CUDA: the device's free memory, plus what torch's allocator keeps unused (the
+        blocks of dropped tensors, such as a removed voice: it reuses them, and hands them back
+        to the device before it reports running out), plus the cache, slots and shared voices
+        held now (they can be freed first); on the CPU: available host memory, since
+        torch.zeros touches every page."""
         if self.options.on_cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
+            dev = self.device
+            free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
             caches = ([] if self._cache is None else [self._cache]) + (self._slots or [])
             held = sum(t.numel() * t.element_size() for c in caches for t in (c.k, c.v))
             shared = 0 if self._prefixes is None else self._prefixes.n_bytes()
