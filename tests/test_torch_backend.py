@@ -524,3 +524,50 @@ def test_rms_norm_is_float32_for_half_input():
     ref = x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-6) * w.double()
     torch.testing.assert_close(out.double(), ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out, F.rms_norm(x.float(), (64,), w, 1e-6))
+
+
+# ------------------------------------------------------------------ shared voice prefixes
+def test_slots_in_one_voice_hold_its_prefix_once():
+    """Four slots that start with one voice reference one copy of its K/V (the same device
+    storage, in the held cache type), each slot's cache holds only its own positions, so a
+    slot reaches the voice's length + its capacity; a released voice's tensors are dropped."""
+    from s2core.batching import BatchedModel
+    from s2core.memory import backend_kv_cache_bytes
+    from s2core.testing.prompts import mixed_prompt
+
+    m = load("gqa4", "f16")
+    hp, caps, be = m.hparams, m.capabilities, m.backend
+    assert caps.shares_kv_prefix
+    rng = np.random.default_rng(3)
+    voice = mixed_prompt(hp, 40, rng)
+    m.init_kv_cache(len(voice))
+    m.prefill(voice)
+    prefix = m.save_prefix()
+    m.clear_kv_cache()
+    own = 10
+    b = BatchedModel(m, idle_voices=0)
+    b.init_slots(4, own)
+    assert [b.restore_prefix(s, prefix) for s in range(4)] == ["shared"] * 4
+
+    def held_storages() -> dict[int, int]:
+        tensors = [t for c in be._slots for t in (c.k, c.v)]
+        tensors += [t for p in be._prefixes.held.values() for t in (p.k, p.v)]
+        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+    one_voice = backend_kv_cache_bytes(hp, len(voice), caps)
+    slots = 4 * backend_kv_cache_bytes(hp, own, caps)
+    # copied into each slot, the voice would be four times in the slots' storages
+    assert sum(held_storages().values()) == slots + one_voice, (held_storages(), slots, one_voice)
+    assert len({id(c.prefix) for c in be._slots}) == 1 and b.held_voice_bytes == one_voice
+    b.eval([(s, mixed_prompt(hp, own, rng)) for s in range(4)])  # every own position used
+    assert [b.n_past(s) for s in range(4)] == [len(voice) + own] * 4
+    k, v = b.kv_slot_snapshot(2)  # the voice's rows, then the slot's own
+    assert k.shape[1] == len(voice) + own
+    np.testing.assert_array_equal(k[:, :len(voice)], prefix.k)
+    np.testing.assert_array_equal(v[:, :len(voice)], prefix.v)
+    for s in range(4):
+        b.reset_slot(s)  # idle_voices=0: the voice is released with its last slot
+    assert not be._prefixes.held and all(c.prefix is None for c in be._slots)
+    assert sum(held_storages().values()) == slots
+    b.close()
+    m.close()

@@ -1,6 +1,6 @@
 """Random sequences of voice calls on KV slots (hypothesis's stateful testing): restore a
-voice into a slot, reset a slot, evaluate a slot's next rows, on a NumPy backend whose
-memory limit holds the slots and only part of the voices.
+voice into a slot, reset a slot, evaluate a slot's next rows, on a NumPy backend (and a torch
+one on the CPU) whose memory limit holds the slots and only part of the voices.
 
 The machine keeps its own account: the rows behind each slot's positions and the voice each
 slot references. After every call:
@@ -16,9 +16,11 @@ Bounded for CI: derandomized, a fixed number of runs and steps.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -38,23 +40,59 @@ N_SLOTS, OWN = 2, 12                 # slots and the positions each holds after 
 VOICE_LENGTHS = (4, 6, 8, 10)
 
 
-def _limited_model(limit_positions: int):
-    """The kit's gqa4 model on a NumPy backend whose limit is `limit_positions` positions of
-    K/V (the slots' and the voices')."""
-    from s2core_numpy.backend import NumpyBackend
-
-    class LimitedNumpy(NumpyBackend):
+def _limited_model(backend_cls, limit_positions: int, **options):
+    """The kit's gqa4 model on a backend whose limit is `limit_positions` positions of K/V
+    (the slots' and the voices')."""
+    class Limited(backend_cls):
         def kv_cache_limit_bytes(self):
             return backend_kv_cache_bytes(self.hparams, limit_positions, self.capabilities)
     mf = ModelFile(kit_model("gqa4", "f32"))
-    return SlowARModel(mf, LimitedNumpy(mf))
+    return SlowARModel(mf, Limited(mf, **options))
+
+
+class NumpySlots:
+    """What the NumPy backend holds: its voices' handles, and the handle each slot is
+    attached to (None: no voice)."""
+
+    @staticmethod
+    def model(limit_positions: int):
+        from s2core_numpy.backend import NumpyBackend
+        return _limited_model(NumpyBackend, limit_positions)
+
+    @staticmethod
+    def handles(backend) -> list:
+        return sorted(backend._slots.prefixes)
+
+    @staticmethod
+    def attached(backend) -> list:
+        return list(backend._slots.attached)
+
+
+class TorchSlots:
+    """The same on the torch backend (the CPU), whose slots reference a SharedPrefix."""
+
+    @staticmethod
+    def model(limit_positions: int):
+        from s2core_torch.backend import TorchBackend
+        return _limited_model(TorchBackend, limit_positions, device="cpu")
+
+    @staticmethod
+    def handles(backend) -> list:
+        return sorted(backend._prefixes.held)
+
+    @staticmethod
+    def attached(backend) -> list:
+        held = backend._prefixes.held.items()
+        return [next((h for h, p in held if p is c.prefix), None) for c in backend._slots]
 
 
 class VoiceMachine(RuleBasedStateMachine):
+    slots = NumpySlots
+
     @initialize(idle=st.sampled_from([0, 1, 8]), room=st.integers(10, 24))
     def load(self, idle, room):
         """Room for the slots and `room` positions of voices (one to three of them)."""
-        self.model = _limited_model(N_SLOTS * OWN + room)
+        self.model = self.slots.model(N_SLOTS * OWN + room)
         self.ref = kit_reference("gqa4", "f32")
         self.rng = np.random.default_rng(1)
         self.idle = idle
@@ -83,7 +121,7 @@ class VoiceMachine(RuleBasedStateMachine):
 
     def _state(self):
         b = self.b
-        return (b.held_voices, sorted(self.model.backend._slots.prefixes),
+        return (b.held_voices, self.slots.handles(self.model.backend),
                 [(b.n_past(s), b.kv_slot_snapshot(s)) for s in range(N_SLOTS)])
 
     # ------------------------------------------------------------------ rules
@@ -128,12 +166,13 @@ class VoiceMachine(RuleBasedStateMachine):
     def the_backend_holds_the_cores_voices(self):
         if not hasattr(self, "b"):
             return
-        cache, pool = self.model.backend._slots, self.b._voices
+        backend, pool = self.model.backend, self.b._voices
         held = {id(v.prefix): v.handle for v in pool._voices.values()}  # LRU order untouched
-        assert sorted(held.values()) == sorted(cache.prefixes)
+        assert sorted(held.values()) == self.slots.handles(backend)
+        attached = self.slots.attached(backend)
         for slot, i in enumerate(self.voice_of):
             want = None if i is None else held[id(self.voices[i])]
-            assert cache.attached[slot] == want, (slot, cache.attached, want)
+            assert attached[slot] == want, (slot, attached, want)
 
     @invariant()
     def the_voices_fit_and_few_are_idle(self):
@@ -167,3 +206,13 @@ VoiceMachine.TestCase.settings = settings(
     max_examples=RUNS, stateful_step_count=30, deadline=20000, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow])
 test_voice_state_machine = VoiceMachine.TestCase
+
+
+class TorchVoiceMachine(VoiceMachine):
+    slots = TorchSlots
+
+
+TorchVoiceMachine.TestCase.settings = VoiceMachine.TestCase.settings
+test_torch_voice_state_machine = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed")(
+    TorchVoiceMachine.TestCase)

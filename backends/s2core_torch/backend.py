@@ -38,7 +38,7 @@ from s2core.layout import load_fast_ar
 from s2core.memory import available_host_memory_bytes
 
 from . import ops, options
-from .kv_cache import KVCache, storage_dtype
+from .kv_cache import KVCache, SharedPrefix, storage_dtype
 from .plugin import torch_capabilities
 from .weights import BlockWeights, WeightLoader
 
@@ -85,6 +85,7 @@ class TorchBackend(Backend):
         # KV slots (slots.py): one KVCache per slot, and their rotations
         self._slots: list[KVCache] | None = None
         self._slot_rope: torch.Tensor | None = None
+        self._prefixes = None  # slots.SharedPrefixes: voice prefixes held once for the slots
         self._caps = self._capabilities(matrices)
 
     def _capabilities(self, matrices: list) -> Capabilities:
@@ -133,13 +134,19 @@ class TorchBackend(Backend):
         return cache, ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
 
     def kv_cache_limit_bytes(self) -> int | None:
-        """On CUDA: the device's free memory plus the cache held now (it can be freed first);
-        on the CPU: available host memory, since torch.zeros touches every page."""
+        """On CUDA: the device's free memory, plus what torch's allocator keeps unused (the
+        blocks of dropped tensors, such as a removed voice: it reuses them, and hands them back
+        to the device before it reports running out), plus the cache, slots and shared voices
+        held now (they can be freed first); on the CPU: available host memory, since
+        torch.zeros touches every page."""
         if self.options.on_cuda:
             free, _ = torch.cuda.mem_get_info(self.device)
+            dev = self.device
+            free += torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
             caches = ([] if self._cache is None else [self._cache]) + (self._slots or [])
             held = sum(t.numel() * t.element_size() for c in caches for t in (c.k, c.v))
-            return free + held
+            shared = 0 if self._prefixes is None else self._prefixes.n_bytes()
+            return free + held + shared
         return available_host_memory_bytes()
 
     def free_kv_cache(self) -> None:
@@ -158,13 +165,38 @@ class TorchBackend(Backend):
                 # kv_cache_limit_bytes counted the held slots as free: free them, again
                 self.free_kv_slots()
                 slots = [self._new_cache(max_seq_len)[0] for _ in range(n_slots)]
-            hp = self.hparams
-            rope = ops.rope_table(max_seq_len, hp.head_dim, hp.rope_freq_base, self.device)
-            self._slots, self._slot_rope = slots, rope
+            rope = self._rope_table(max_seq_len)
+            from .slots import SharedPrefixes
+            self._slots, self._slot_rope, self._prefixes = slots, rope, SharedPrefixes()
+
+    def _rope_table(self, n_positions: int) -> torch.Tensor:
+        hp = self.hparams
+        return ops.rope_table(n_positions, hp.head_dim, hp.rope_freq_base, self.device)
 
     def free_kv_slots(self) -> None:
         self._slots = None
         self._slot_rope = None
+        self._prefixes = None
+
+    # A voice prefix held once (kv_cache.SharedPrefix) and referenced by its slots: a slot's
+    # own rows then hold the positions after it, so its positions reach n + max_seq_len.
+    def add_kv_prefix(self, k: np.ndarray, v: np.ndarray) -> int:
+        with torch.inference_mode():
+            held = self._slots[0].held_dtype
+            prefix = SharedPrefix(k, v, held, self.device)
+            reach = prefix.n + self._slots[0].max_seq_len
+            rope = self._slot_rope
+            if rope.shape[0] < reach:  # rows are per position: a longer table adds rows only
+                rope = self._rope_table(reach)
+            handle = self._prefixes.add(prefix)
+            self._slot_rope = rope
+            return handle
+
+    def attach_kv_prefix(self, slot: int, handle: Any) -> None:
+        self._slots[slot].prefix = None if handle is None else self._prefixes.get(handle)
+
+    def remove_kv_prefix(self, handle: Any) -> None:
+        self._prefixes.remove(handle, self._slots)
 
     def read_kv_slot(self, slot: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():

@@ -75,6 +75,33 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out[0].transpose(0, 1).reshape(n, n_head * d)
 
 
+def prefixed_attention(q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor] | None,
+                       keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                       scale: float) -> torch.Tensor:
+    """`attention` over keys held in two blocks: a shared prefix's (positions [0, p), or None)
+    and then the sequence's own (`keys`, `values`: positions p and later); `mask` over all of
+    them, as causal_mask gives it.
+
+    One query on the CPU (a decode step) reads both blocks in place: the scores of both go
+    into one softmax and each block's V is summed where it lies, so only the order of that
+    last sum differs from one block. Elsewhere (prefill, CUDA) the blocks are joined into a
+    temporary for the fused kernel, freed after the call: the prefix is still held once."""
+    if prefix is None:
+        return attention(q, keys, values, mask, scale)
+    k_prefix, v_prefix = prefix
+    if q.shape[0] == 1 and mask is None and q.device.type == "cpu":
+        n_head_kv, p, d = k_prefix.shape
+        grouped = q[0].reshape(n_head_kv, -1, d)
+        scores = torch.cat([torch.bmm(grouped, k_prefix.transpose(1, 2)),
+                            torch.bmm(grouped, keys.transpose(1, 2))], dim=-1)
+        weights = torch.softmax(scores.mul_(scale), dim=-1)
+        out = torch.bmm(weights[:, :, :p], v_prefix)
+        out += torch.bmm(weights[:, :, p:], values)
+        return out.reshape(1, -1)
+    return attention(q, torch.cat([k_prefix, keys], dim=1), torch.cat([v_prefix, values], dim=1),
+                     mask, scale)
+
+
 def _one_query_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                          scale: float) -> torch.Tensor:
     """Attention of one position as two batched products over the KV heads, each head's

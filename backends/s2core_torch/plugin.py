@@ -100,7 +100,7 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         # on the CPU the stored types are torch views of the memory map; CUDA copies them
         mapped_weight_types=frozenset() if on_cuda else native,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE,
-        writes_kv_cache=True, max_batch_sequences=MAX_BATCH_SEQUENCES,
+        writes_kv_cache=True, max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
         codec=torch_codec_capabilities(device))
 
 

@@ -5,6 +5,9 @@ ops.attention and KVCache already choose per device). A call concatenates every 
 so each linear layer multiplies all of them by its weight in one product (one read of each
 weight); attention stays per slot, over that slot's own KVCache, with the single-sequence
 code (KVCache.update / settle, ops.attention with its causal mask).
+
+A voice prefix is held once (kv_cache.SharedPrefix) and attached to every slot that starts
+with it: that slot's attention reads the prefix's rows, then its own (ops.prefixed_attention).
 """
 
 from __future__ import annotations
@@ -14,7 +17,37 @@ import torch
 from s2core.inputs import EvalBatch
 
 from . import ops
-from .kv_cache import KVCache
+from .kv_cache import KVCache, SharedPrefix
+
+
+class SharedPrefixes:
+    """The voice prefixes held for the slots, by handle (a number never given twice, so
+    removing one changes no other), and which slot is attached to which."""
+
+    def __init__(self):
+        self.held: dict[int, SharedPrefix] = {}
+        self._next = 0
+
+    def add(self, prefix: SharedPrefix) -> int:
+        handle, self._next = self._next, self._next + 1
+        self.held[handle] = prefix
+        return handle
+
+    def get(self, handle: int) -> SharedPrefix:
+        if handle not in self.held:
+            raise ValueError(f"no shared prefix {handle!r} (holding {sorted(self.held)})")
+        return self.held[handle]
+
+    def remove(self, handle: int, caches: list[KVCache]) -> None:
+        """Drop one no slot is attached to (its tensors are freed with this last reference)."""
+        prefix = self.get(handle)
+        users = [s for s, c in enumerate(caches) if c.prefix is prefix]
+        if users:
+            raise ValueError(f"shared prefix {handle} is still attached to slot(s) {users}")
+        del self.held[handle]
+
+    def n_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for p in self.held.values() for t in (p.k, p.v))
 
 
 def eval_slots(backend, caches: list[KVCache], rope: torch.Tensor,
@@ -41,8 +74,9 @@ def eval_slots(backend, caches: list[KVCache], rope: torch.Tensor,
             q_lo = lo
             if i == last and hi - lo > 1:  # only the last position reaches the output
                 q_lo, mask = hi - 1, None
-            attn.append(ops.attention(q[q_lo:hi].to(backend.attention_dtype), keys, values,
-                                      mask, s.attn_scale))
+            attn.append(ops.prefixed_attention(q[q_lo:hi].to(backend.attention_dtype),
+                                               cache.prefix_layer(i), keys, values, mask,
+                                               s.attn_scale))
             cache.settle(i, b.n_past, b.n_past + b.n_tokens)
             rows.append((q_lo, hi))
         if i == last:
