@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as QT
 
 import s2core
 from s2core.batching import BatchedModel
+from s2core.kit.batching_rules import voice_prefix
 from s2core.kit.models import CONFIGS, kit_model
 from s2core.testing.prompts import mixed_prompt, semantic_frame
 from s2core_numpy import plugin
@@ -97,10 +98,7 @@ def test_slots_in_one_voice_hold_its_prefix_once():
     m = s2core.load(kit_model("gqa4", "f16"), backend="numpy", kv_cache_dtype="f32")
     rng = np.random.default_rng(3)
     voice = mixed_prompt(hp, 200, rng)
-    m.init_kv_cache(len(voice))
-    m.prefill(voice)
-    prefix = m.save_prefix()
-    m.clear_kv_cache()
+    prefix = voice_prefix(m, voice)
     one_prefix = kv_cache_bytes(hp, len(voice), "f32")
     own = 10
     b = BatchedModel(m)

@@ -11,6 +11,7 @@ import s2core
 from s2core.batching import BatchedModel
 from s2core.errors import CacheOverflowError, InvalidInputError
 from s2core.generation import GenerationConfig, generate
+from s2core.kit.batching_rules import voice_prefix
 from s2core.serving import FAILED, Server, generate_many
 from s2core.testing.prompts import mixed_prompt
 from s2core.embedded.writer import tiny_hparams
@@ -191,13 +192,6 @@ class _Limited:
         return backend
 
 
-def _voice(m, rows):
-    m.init_kv_cache(len(rows))
-    m.prefill(rows)
-    prefix = m.save_prefix()
-    m.clear_kv_cache()
-    return prefix
-
 
 def _limited_model(path, limit=None):
     from s2core.gguf_file import ModelFile
@@ -218,7 +212,7 @@ def test_a_voice_beyond_the_memory_limit_is_refused_and_nothing_changes(tiny_mod
     hp, caps = m.hparams, m.capabilities
     assert caps.shares_kv_prefix
     ps = prompts(4, seed=5)
-    voice_a, voice_b = _voice(m, ps[0][:10]), _voice(m, ps[1][:12])
+    voice_a, voice_b = voice_prefix(m, ps[0][:10]), voice_prefix(m, ps[1][:12])
     slots = 2 * backend_kv_cache_bytes(hp, 16, caps)
     a_bytes, b_bytes = (backend_kv_cache_bytes(hp, v.n_positions, caps) for v in (voice_a, voice_b))
     m.backend.limit = slots + a_bytes + b_bytes - 1  # room for one of the two voices
@@ -268,7 +262,7 @@ def test_a_failed_voice_allocation_is_a_cache_allocation_error(tiny_model, monke
 
     m = s2core.load(tiny_model, backend="numpy")
     ps = prompts(2, seed=6)
-    voice = _voice(m, ps[0][:10])
+    voice = voice_prefix(m, ps[0][:10])
     b = BatchedModel(m)
     b.init_slots(2, 16)
     b.eval([(0, ps[1][:4])])
@@ -293,7 +287,7 @@ def _two_voice_server_case(tiny_model, b_rows: int):
     hp, caps = m.hparams, m.capabilities
     ps = prompts(3, seed=7)  # 8, 11 and 14 rows
     rows_a, rows_b = ps[1][:10], ps[2][:b_rows]
-    voice_a, voice_b = _voice(m, rows_a), _voice(m, rows_b)
+    voice_a, voice_b = voice_prefix(m, rows_a), voice_prefix(m, rows_b)
     config = greedy(3)
     tails = [p[:6] for p in prompts(3, seed=8)]
     asks = [(voice_a, np.vstack([rows_a, tails[0]])), (voice_b, np.vstack([rows_b, tails[1]])),
@@ -359,7 +353,7 @@ def test_a_long_run_serves_more_voices_than_fit_at_once(tiny_model):
     asks = []
     for i in range(7):
         rows = mixed_prompt(hp, 8 + i % 3 * 2, rng)  # voices of 8, 10 and 12 positions
-        asks.append((_voice(m, rows), np.vstack([rows, mixed_prompt(hp, 5, rng)])))
+        asks.append((voice_prefix(m, rows), np.vstack([rows, mixed_prompt(hp, 5, rng)])))
     alone = [generate(m, prompt, config, prefix=v) for v, prompt in asks]
     own = 5 + config.max_new_tokens
     slots = 2 * backend_kv_cache_bytes(hp, own, caps)
@@ -386,7 +380,7 @@ def _batched_with_room(tiny_model, n_slots, voice_positions, idle_voices=8):
     m = _limited_model(tiny_model)
     hp, caps = m.hparams, m.capabilities
     ps = prompts(3, seed=10)  # 8, 11, 14 rows
-    voices = [_voice(m, ps[1][:10]), _voice(m, ps[2][:10]), _voice(m, ps[2][:12])]
+    voices = [voice_prefix(m, ps[1][:10]), voice_prefix(m, ps[2][:10]), voice_prefix(m, ps[2][:12])]
     m.backend.limit = (n_slots * backend_kv_cache_bytes(hp, 16, caps)
                        + backend_kv_cache_bytes(hp, voice_positions, caps))
     b = BatchedModel(m, idle_voices=idle_voices)

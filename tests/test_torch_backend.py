@@ -21,6 +21,7 @@ import s2core  # noqa: E402
 from s2core.chunking import CHUNK_BUDGET, CHUNK_MAX, CHUNK_MIN, prefill_chunk_size  # noqa: E402
 from s2core.errors import BackendUnavailableError, InvalidInputError  # noqa: E402
 from s2core.gguf_file import ModelFile  # noqa: E402
+from s2core.kit.batching_rules import voice_prefix  # noqa: E402
 from s2core.kit.conformance import prompt_and_frames, rel_err  # noqa: E402
 from s2core.kit.models import kit_model, kit_reference  # noqa: E402
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance  # noqa: E402
@@ -540,10 +541,7 @@ def test_slots_in_one_voice_hold_its_prefix_once():
     assert caps.shares_kv_prefix
     rng = np.random.default_rng(3)
     voice = mixed_prompt(hp, 40, rng)
-    m.init_kv_cache(len(voice))
-    m.prefill(voice)
-    prefix = m.save_prefix()
-    m.clear_kv_cache()
+    prefix = voice_prefix(m, voice)
     own = 10
     b = BatchedModel(m, idle_voices=0)
     b.init_slots(4, own)

@@ -167,7 +167,7 @@ def alone_run(m, chunks: list[np.ndarray], capacity: int = 64):
 
 def voice_prefix(m, rows: np.ndarray):
     """The KVPrefix of `rows` prefilled on m (whose cache is then freed)."""
-    m.init_kv_cache(32)
+    m.init_kv_cache(len(rows))
     m.prefill(rows)
     prefix = m.save_prefix()
     m.clear_kv_cache()
