@@ -7,10 +7,9 @@ converting its codes again; F16: accumulators of a run-time row count) took 2.8x
 3.8x (Q8_0) the time of one row for 4 rows of 9728 x 2560: a batch of 4 gained little.
 Here rows go in groups of four with four accumulators of the compile-time TILE: each widened
 weight feeds four multiply-adds, and the loops vectorize fully (AVX-512 here). The
-accumulators still go through L1 on every input (numba's arrays are not promoted to
-registers), so with four rows the kernels are bound by those loads and stores and by the
-arithmetic, not by memory: what keeps a batch of four from costing what one row costs. The
-rows left after the groups of four go to a two-row form of each kernel when they are one or
+accumulators are stack arrays (stack.py), which LLVM keeps in vector registers: with heap
+arrays they went through L1 on every input, and four rows cost 2-3x one row; now 1.1-1.2x
+(below). The rows left after the groups of four go to a two-row form of each kernel when they are one or
 two (one padded with a zero row), so a batch of two costs about half what four do; three are
 padded to four (zero rows, outputs dropped).
 
@@ -21,6 +20,8 @@ With the two-row kernels (same matrix, medians of 15, 2 cores): F16 1 / 2 / 4 ro
 Four 9728 x 2560 matrices in turn (read from memory, not L3), medians of 12, quiet: Q8_0 1 / 2
 / 4 / 8 rows 1.41 / 1.97 / 4.01 / 4.97 ms; F16 1.83 / 1.75 / 4.34 / 7.68 ms, and 1.87 / 1.76 /
 2.58 ms since F16 weights are widened in registers (f16._widen: no trip through a buffer).
+With the accumulators on the stack (same matrices, medians of 15, quiet): F16 1 / 2 / 4 / 8
+rows 1.52 / 1.26 / 1.86 / 2.25 ms, Q8_0 0.99 / 0.93 / 1.11 / 1.97 ms.
 
 Every row is accumulated exactly as the one-row kernels do it (F16: sum over inputs of
 (w * 2^112) * x in input order; Q8_0: each block's integer-weighted sum in input order, then
@@ -35,6 +36,7 @@ from numba import njit, prange
 
 from .f16 import _widen
 from .q8_0 import BLOCK
+from .stack import stack_tile
 from .tiled import TILE
 
 #: rows computed together from each widened weight
@@ -47,10 +49,10 @@ def f16_rows(codes, x, out):
     `codes` is the F16 layout viewed as int16 (f16._widen)."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        a0 = np.empty(TILE, np.float32)
-        a1 = np.empty(TILE, np.float32)
-        a2 = np.empty(TILE, np.float32)
-        a3 = np.empty(TILE, np.float32)
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        a2 = stack_tile(np.float32)
+        a3 = stack_tile(np.float32)
         for g in range(0, x.shape[0], GROUP):
             a0[:] = 0.0
             a1[:] = 0.0
@@ -76,14 +78,14 @@ def q8_0_rows(codes, scales, x, out):
     """out[r, t*TILE + j] = sum over blocks of scale * (sum_i code[t, i, j] * x[r, i])."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        a0 = np.empty(TILE, np.float32)
-        a1 = np.empty(TILE, np.float32)
-        a2 = np.empty(TILE, np.float32)
-        a3 = np.empty(TILE, np.float32)
-        b0 = np.empty(TILE, np.float32)
-        b1 = np.empty(TILE, np.float32)
-        b2 = np.empty(TILE, np.float32)
-        b3 = np.empty(TILE, np.float32)
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        a2 = stack_tile(np.float32)
+        a3 = stack_tile(np.float32)
+        b0 = stack_tile(np.float32)
+        b1 = stack_tile(np.float32)
+        b2 = stack_tile(np.float32)
+        b3 = stack_tile(np.float32)
         for g in range(0, x.shape[0], GROUP):
             a0[:] = 0.0
             a1[:] = 0.0
@@ -120,8 +122,10 @@ def f16_pair(codes, x, out):
     """f16_rows for two rows (x (2, in)), each accumulated as there."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        a0 = np.zeros(TILE, np.float32)
-        a1 = np.zeros(TILE, np.float32)
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        a0[:] = 0.0
+        a1[:] = 0.0
         for i in range(n_in):
             x0, x1 = x[0, i], x[1, i]
             for j in range(TILE):
@@ -138,10 +142,12 @@ def q8_0_pair(codes, scales, x, out):
     """q8_0_rows for two rows (x (2, in)), each accumulated as there."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):
-        a0 = np.zeros(TILE, np.float32)
-        a1 = np.zeros(TILE, np.float32)
-        b0 = np.empty(TILE, np.float32)
-        b1 = np.empty(TILE, np.float32)
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        b0 = stack_tile(np.float32)
+        b1 = stack_tile(np.float32)
+        a0[:] = 0.0
+        a1[:] = 0.0
         for b in range(n_in // BLOCK):
             b0[:] = 0.0
             b1[:] = 0.0

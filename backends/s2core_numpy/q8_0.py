@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .stack import stack_tile
 from .tiled import TILE, TiledMatrix, n_tiles
 
 #: weights per Q8_0 block, and the block's bytes: float16 scale + 32 int8 codes
@@ -47,8 +48,9 @@ def _matvec_tiles(codes, scales, x, out):
     """out[t*TILE + j] = sum_i code[t, i, j] * scale[t, i/32, j] * x[i]  (one input row)."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):  # loops to the constant TILE vectorize fully (f16.py)
-        acc = np.zeros(TILE, np.float32)
-        blk = np.empty(TILE, np.float32)
+        acc = stack_tile(np.float32)  # in registers (stack.py)
+        blk = stack_tile(np.float32)
+        acc[:] = 0.0
         for b in range(n_in // BLOCK):
             # the block's integer-weighted sum first, scaled once per block (as ggml does)
             blk[:] = 0.0

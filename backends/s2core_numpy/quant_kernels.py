@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from .f16 import _UNSCALE, _bits
+from .stack import stack_array, stack_tile
 from .tiled import TILE
 
 # GGML's type numbers (gguf.GGMLQuantizationType), the kernels' `kind` argument
@@ -162,9 +163,10 @@ def _decode_block(kind, c, r0, w, bits, sc, mn):
 
 @njit(inline="always")
 def _scratch():
-    """Per-thread buffers: decoded weights of one block, sub-block scales/mins, f16 bits."""
-    return (np.empty((256, TILE), np.float32), np.empty((18, TILE), np.float32),
-            np.empty((16, TILE), np.float32), np.empty(TILE, np.uint32))
+    """Per-thread buffers on the stack (stack.py): decoded weights of one block, sub-block
+    scales/mins, f16 bits."""
+    return (stack_array(256, TILE, np.float32), stack_array(18, TILE, np.float32),
+            stack_array(16, TILE, np.float32), stack_tile(np.uint32))
 
 
 @njit(parallel=True, cache=True)
@@ -175,7 +177,8 @@ def matvec_decoded(kind, codes, x, out):
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
     values = x.shape[0] // n_blocks
     for t in prange(n_tiles):
-        acc = np.zeros(TILE, np.float32)
+        acc = stack_tile(np.float32)
+        acc[:] = 0.0
         w, sc, mn, bits = _scratch()
         for b in range(n_blocks):
             _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
@@ -373,11 +376,14 @@ def matvec_fused(kind, codes, x, xs, out):
     n_tiles, n_blocks, nbytes, _ = codes.shape
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
     for t in prange(n_tiles):
-        acc = np.zeros(TILE, np.float32)
-        q = np.empty((256, TILE), np.int8)
-        p0, p1 = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
-        sc, mn = np.empty((18, TILE), np.float32), np.empty((16, TILE), np.float32)
-        bits = np.empty(TILE, np.uint32)
+        # every buffer on the stack, where LLVM keeps the partial sums in registers
+        # (stack.py): Q4_K 1.3x faster than with heap buffers
+        acc = stack_tile(np.float32)
+        acc[:] = 0.0
+        q = stack_array(256, TILE, np.int8)
+        p0, p1 = stack_tile(np.float32), stack_tile(np.float32)
+        sc, mn = stack_array(18, TILE, np.float32), stack_array(16, TILE, np.float32)
+        bits = stack_tile(np.uint32)
         for b in range(n_blocks):
             r0 = (t * n_blocks + b) * nbytes
             _scales(kind, c, r0, bits, sc, mn)
