@@ -43,9 +43,10 @@ def _pack(blocks, codes_in, f16_to_f32, codes, scales):
                     codes[t, b * BLOCK + k, j] = codes_in[row, b, 2 + k]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath={"contract"})
 def _matvec_tiles(codes, scales, x, out):
-    """out[t*TILE + j] = sum_i code[t, i, j] * scale[t, i/32, j] * x[i]  (one input row)."""
+    """out[t*TILE + j] = sum_i code[t, i, j] * scale[t, i/32, j] * x[i]  (one input row),
+    multiply-adds fused as in the few-row kernels (fewrows.py), so rows agree bit for bit."""
     n_tiles, n_in, _ = codes.shape
     for t in prange(n_tiles):  # loops to the constant TILE vectorize fully (f16.py)
         acc = stack_tile(np.float32)  # in registers (stack.py)
