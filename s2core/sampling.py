@@ -60,19 +60,24 @@ def candidates(logits: np.ndarray, top_p: float, top_k: int) -> Candidates:
     masked = len(allowed) < len(logits)
     if masked:
         logits = logits[allowed]
-    # Stable sort on the negated logits: descending, equal logits by ascending id.
-    order = np.argsort(-logits, kind="stable")
-    ids = allowed[order] if masked else order
-    sorted_logits = logits[order]
+    # The sums need every logit in descending order, but only values: equal logits are
+    # equal terms, so sorting the values alone (4-5x faster than a stable argsort of the
+    # ids) gives the same sums.
+    sorted_logits = -np.sort(-logits)
     e = np.exp(sorted_logits - sorted_logits[0])
     running = np.cumsum(e / _sequential_sum(e), dtype=np.float32)
-    n = len(ids) if top_k <= 0 else min(top_k, len(ids))
+    n = len(logits) if top_k <= 0 else min(top_k, len(logits))
     p = np.float32(min(max(top_p, 0.0), 1.0))
     # The running sum never decreases, so the kept items are a prefix: item 0, then every
     # item up to the first whose running sum exceeds top_p (exclusive).
     crossing = np.flatnonzero(running[1:n] > p)
     keep = n if crossing.size == 0 else int(crossing[0]) + 1
-    return Candidates(ids[:keep].astype(np.int64), sorted_logits[:keep])
+    # Their ids: the logits at least the last kept value, in a stable sort (descending,
+    # equal logits by ascending id) of which the first `keep` are the kept ones.
+    ties_and_above = np.flatnonzero(logits >= sorted_logits[keep - 1])
+    order = ties_and_above[np.argsort(-logits[ties_and_above], kind="stable")[:keep]]
+    ids = allowed[order] if masked else order
+    return Candidates(ids.astype(np.int64), sorted_logits[:keep])
 
 
 def draw(c: Candidates, temperature: float, rng: np.random.Generator) -> int:
