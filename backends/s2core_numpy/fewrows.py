@@ -175,7 +175,8 @@ def q8_0_pair(codes, scales, x, out):
 def few_rows(kernels: tuple, weights: tuple, x: np.ndarray, out: np.ndarray) -> None:
     """out (n, padded out) = x (n, in) @ W^T with kernels (four-row, two-row), each called
     as `kernel(*weights, x, out)`: groups of four, then one or two rows left by the two-row
-    kernel, three left padded to four."""
+    kernel, three left padded to four. Without a two-row kernel (None), any rows left are
+    padded to four."""
     four, two = kernels
     n = x.shape[0]
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -187,7 +188,10 @@ def few_rows(kernels: tuple, weights: tuple, x: np.ndarray, out: np.ndarray) -> 
     if whole:
         four(*weights, x[:whole], out[:whole])
     if left:
-        _padded(two, weights, x[whole:], out[whole:], 2)
+        if two is None:
+            _padded(four, weights, x[whole:], out[whole:], GROUP)
+        else:
+            _padded(two, weights, x[whole:], out[whole:], 2)
 
 
 def _padded(kernel, weights: tuple, x: np.ndarray, out: np.ndarray, group: int) -> None:

@@ -54,7 +54,8 @@ class QuantMatrix(TiledMatrix):
             k.matvec_decoded(self.kind, self.codes, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        k.matmul_decoded(self.kind, self.codes, x, out)
+        from .fewrows import few_rows  # rows in fours, the last padded (fewrows.py)
+        few_rows((k.matmul_decoded, None), (self.kind, self.codes), x, out)
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:
         k.decode_tile(self.kind, self.codes, t, w)
