@@ -155,4 +155,4 @@ def s2core_backends() -> list[BackendSpec]:
         description="MLX (Apple GPU via Metal, or CPU): float32 compute, fused RMSNorm/RoPE/"
                     "attention kernels, GGUF quants kept quantized where MLX's format fits "
                     "(legacy quants at the file's size; Q4_K/Q5_K at 1.3x), incremental "
-                    "Fast-AR")]
+                    "Fast-AR, up to 16 sequences per call with shared voice prefixes")]
