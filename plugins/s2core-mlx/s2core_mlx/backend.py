@@ -91,7 +91,10 @@ class MlxBackend(Backend):
     def kv_cache_limit_bytes(self) -> int | None:
         """Memory MLX can fill now: MLX does not survive an allocation that fails (it crashes
         the process), so the core must refuse one before it is tried. Metal: the device's
-        recommended working set (unified memory); the CPU build: available host memory."""
+        recommended working set (unified memory); the CPU build: available host memory.
+        The cache, slots and voices held are not added back (torch on CUDA adds them): new
+        slots are built beside the old, so what is free now is what they may take, and for
+        a voice the core's sum of what is held is then on the safe side."""
         limit = available_host_memory_bytes()
         if self.device == mx.gpu:
             try:
