@@ -157,8 +157,11 @@ class MlxBackend(Backend):
         caches = [self._slots[slot] for slot, _ in batches]
         with mx.stream(self.stream):
             hidden, logits = self.slow.run([(b, c) for (_, b), c in zip(batches, caches)])
-            mx.eval(hidden, logits, [c.arrays() for c in caches])
-        return [(hidden[j], logits[j]) for j in range(len(batches))]
+            # each row sliced on this model's stream too: a lazy slice would run later on
+            # the default stream of whichever thread reads it
+            out = [(hidden[j], logits[j]) for j in range(len(batches))]
+            mx.eval(out, [c.arrays() for c in caches])
+        return out
 
     def fast_decode_batch(self, hiddens: np.ndarray, prefix_codes: np.ndarray) -> mx.array:
         state, logits = self.fast_begin_batch(hiddens)

@@ -28,8 +28,8 @@ from .weights import WeightLoader
 @dataclass
 class FastState:
     """K and V of every Fast-AR layer for positions [0, n_positions): float32 arrays
-    (B, n_head_kv, n_positions, head_dim), B = 1 for fast_begin's single sequence. Position 0 is the hidden state, position i > 0
-    the (i-1)-th code."""
+    (B, n_head_kv, n_positions, head_dim), B = 1 for fast_begin's single sequence.
+    Position 0 is the hidden state, position i > 0 the (i-1)-th code."""
 
     keys: list[mx.array]
     values: list[mx.array]
