@@ -131,3 +131,40 @@ def test_slots_in_one_voice_hold_its_prefix_once():
         assert freed >= 0.9 * one_voice, (freed, one_voice)
         assert mx.get_cache_memory() < one_voice  # handed back, not kept in MLX's pool
         b.close()
+
+
+# A server driven from worker threads, in a child process so that a crash (at exit too: MLX
+# aborts a process whose threads left streams of their own behind) fails the test, not the run.
+SERVED_FROM_THREADS = """
+import sys, threading, numpy as np, s2core
+from s2core.generation import generate
+from s2core.kit.batching_rules import greedy, sequences, voice_prefix
+from s2core.serving import generate_many
+m = s2core.load(sys.argv[1], backend="mlx")
+prompts = [p for p, _ in sequences(seed=5)]
+prefix = voice_prefix(m, prompts[0][:6])
+configs = [greedy(3 + i, min_tokens_before_end=3 + i) for i in range(len(prompts))]
+voices = [prefix, None, None, None]
+prompts[0] = np.vstack([prompts[0][:6], prompts[0]])
+alone = [generate(m, p, c, prefix=v) for p, c, v in zip(prompts, configs, voices)]
+out = {}
+def serve(key):
+    out[key] = generate_many(m, prompts, configs, max_sequences=4, prefixes=voices)
+for i in range(2):  # one after the other: a model serves one BatchedModel at a time
+    t = threading.Thread(target=serve, args=(i,)); t.start(); t.join()
+for many in out.values():
+    for a, g in zip(alone, many):
+        assert np.array_equal(a, g), (a, g)
+print("ok", len(out))
+"""
+
+
+def test_a_server_in_worker_threads_gives_generates_codes_and_exits_cleanly():
+    import subprocess
+    import sys
+    model = kit_model("gqa4", "q8_0")
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", SERVED_FROM_THREADS, str(model)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "ok 2" in run.stdout, (run.returncode,
+                                                               run.stderr[-2000:])
