@@ -11,6 +11,11 @@ BF16/F32 (`kv_cache_dtype`).
 Each eval_cached builds the whole call (embedding, every layer, cache writes, logits) as one
 lazy graph and evaluates it once; results are mx.arrays, so a generation loop can sample on
 the device. The Fast-AR is incremental within a frame (fast_begin / fast_extend keep its K/V).
+
+Several sequences per call (KV slots, slots.py): eval_slots runs the same graph over the rows
+of every slot in the call, one weight product for all of them and attention per slot over
+its own cache (and its shared voice prefix's rows); the batched Fast-AR advances one codebook
+of every slot per pass.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .fast_ar import FastDecoder, FastState
 from .kv_cache import KVCache
 from .plugin import (CACHE_DTYPES, SCALE_DTYPES, SUB_BLOCK_MODES, WIDENED_DTYPES,
                      mlx_capabilities)
+from .slots import Slots
 from .slow_ar import SlowAR
 from .weights import MX_DTYPES, WeightLoader, return_freed_heap
 
@@ -69,6 +75,7 @@ class MlxBackend(Backend):
             self.fast = None if self.hparams.fast is None else FastDecoder(loader)
         return_freed_heap()
         self._cache: KVCache | None = None
+        self._slots: Slots | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -84,7 +91,10 @@ class MlxBackend(Backend):
     def kv_cache_limit_bytes(self) -> int | None:
         """Memory MLX can fill now: MLX does not survive an allocation that fails (it crashes
         the process), so the core must refuse one before it is tried. Metal: the device's
-        recommended working set (unified memory); the CPU build: available host memory."""
+        recommended working set (unified memory); the CPU build: available host memory.
+        The cache, slots and voices held are not added back (torch on CUDA adds them): new
+        slots are built beside the old, so what is free now is what they may take, and for
+        a voice the core's sum of what is held is then on the safe side."""
         limit = available_host_memory_bytes()
         if self.device == mx.gpu:
             try:
@@ -107,6 +117,71 @@ class MlxBackend(Backend):
     def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
         with mx.stream(self.stream):
             self._cache.write(k, v)
+
+    # ---------------------------------------------------------------- several sequences
+    def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
+        hp = self.hparams
+        with mx.stream(self.stream):
+            slots = Slots(n_slots, hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
+                          self._cache_dtype)
+        self._slots = slots  # the old slots and voices go only once the new ones exist
+        mx.clear_cache()
+
+    def free_kv_slots(self) -> None:
+        self._slots = None
+        mx.clear_cache()
+
+    def read_kv_slot(self, slot: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
+        with mx.stream(self.stream):
+            return self._slots[slot].read(n_positions)
+
+    def write_kv_slot(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
+        with mx.stream(self.stream):
+            self._slots[slot].write(k, v)
+
+    # A voice prefix held once (kv_cache.SharedPrefix) and referenced by its slots: a slot's
+    # own rows then hold the positions after it, so its positions reach n + max_seq_len.
+    def add_kv_prefix(self, k: np.ndarray, v: np.ndarray) -> int:
+        with mx.stream(self.stream):
+            return self._slots.add_prefix(k, v)
+
+    def attach_kv_prefix(self, slot: int, handle: Any) -> None:
+        self._slots.attach(slot, handle)
+
+    def remove_kv_prefix(self, handle: Any) -> None:
+        self._slots.remove_prefix(handle)
+        mx.clear_cache()  # its bytes are free now, as the core counts them
+
+    def eval_slots(self, batches: list[tuple[int, EvalBatch]]
+                   ) -> list[tuple[mx.array, mx.array]]:
+        caches = [self._slots[slot] for slot, _ in batches]
+        with mx.stream(self.stream):
+            hidden, logits = self.slow.run([(b, c) for (_, b), c in zip(batches, caches)])
+            # each row sliced on this model's stream too: a lazy slice would run later on
+            # the default stream of whichever thread reads it
+            out = [(hidden[j], logits[j]) for j in range(len(batches))]
+            mx.eval(out, [c.arrays() for c in caches])
+        return out
+
+    def fast_decode_batch(self, hiddens: np.ndarray, prefix_codes: np.ndarray) -> mx.array:
+        state, logits = self.fast_begin_batch(hiddens)
+        for c in range(prefix_codes.shape[1]):
+            state, logits = self.fast_extend_batch(state, prefix_codes[:, c])
+        return logits
+
+    def fast_begin_batch(self, hiddens: Any) -> tuple[FastState, mx.array]:
+        with mx.stream(self.stream):
+            state, logits = self.fast.begin_batch(_as_mx(hiddens))
+            mx.eval(logits, state.arrays())
+        return state, logits
+
+    def fast_extend_batch(self, state: FastState, codes: np.ndarray
+                          ) -> tuple[FastState, mx.array]:
+        """Returns a new state (the given one is not modified)."""
+        with mx.stream(self.stream):
+            state, logits = self.fast.extend_batch(state, codes)
+            mx.eval(logits, state.arrays())
+        return state, logits
 
     # ---------------------------------------------------------------- compute
     def eval_cached(self, batch: EvalBatch) -> tuple[mx.array, mx.array]:

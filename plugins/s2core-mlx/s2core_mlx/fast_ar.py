@@ -5,6 +5,11 @@ recomputes every position, as s2.cpp does (the backend's fast_decode). `begin` a
 keep each layer's K and V of the positions so far in a `FastState`, at float32 (the precision
 the from-scratch path attends with), so a call processes only its new position(s): the same
 numbers, at one row per matrix product instead of up to C.
+
+`begin_batch` and `extend_batch` do the same for B sequences at once (one codebook of a frame
+for every KV slot): their B rows go through each weight product together, and since every
+sequence is at the same position, RoPE and attention run as one batched kernel each
+(B sequences of one query), with no mask and no padding.
 """
 
 from __future__ import annotations
@@ -15,15 +20,16 @@ import mlx.core as mx
 import numpy as np
 from s2core.layout import load_fast_ar
 
-from .layers import BlockWeights, attend, attention_inputs, finish_block
+from .layers import (BlockWeights, attend, attention_inputs, finish_block, project_qkv, rotate,
+                     split_heads)
 from .weights import WeightLoader
 
 
 @dataclass
 class FastState:
     """K and V of every Fast-AR layer for positions [0, n_positions): float32 arrays
-    (1, n_head_kv, n_positions, head_dim). Position 0 is the hidden state, position i > 0
-    the (i-1)-th code."""
+    (B, n_head_kv, n_positions, head_dim), B = 1 for fast_begin's single sequence.
+    Position 0 is the hidden state, position i > 0 the (i-1)-th code."""
 
     keys: list[mx.array]
     values: list[mx.array]
@@ -66,6 +72,37 @@ class FastDecoder:
         """The positions of `codes` after those in `state`: a new state (the old one is left
         as it was) and the logits after the last code (lazy)."""
         return self._run(self._code_rows(codes), state)
+
+    def begin_batch(self, hiddens: mx.array) -> tuple[FastState, mx.array]:
+        """Position 0 of B sequences (hiddens (B, dim)): their state and the logits
+        (B, codebook_size) of each one's first code (lazy)."""
+        x = hiddens.astype(mx.float32)
+        if self.project_in is not None:
+            x = self.project_in.project(x)
+        return self._run_batch(x, None)
+
+    def extend_batch(self, state: FastState, codes: np.ndarray) -> tuple[FastState, mx.array]:
+        """One code (codes (B,)) after each of the B sequences in `state`: a new state (the
+        old one is left as it was) and the logits (B, codebook_size) (lazy)."""
+        return self._run_batch(self._code_rows(codes), state)
+
+    def _run_batch(self, x: mx.array, past: FastState | None) -> tuple[FastState, mx.array]:
+        """Row b of x is sequence b's next position, past.n_positions (0 without a past)."""
+        s = self.shape
+        position = 0 if past is None else past.n_positions
+        keys, values = [], []
+        for i, blk in enumerate(self.layers):
+            # (B, heads, d) -> (B, heads, 1, d): B sequences of one position each
+            q, k, v = (t[:, :, None, :] for t in split_heads(project_qkv(x, blk, s), blk, s))
+            q, k = rotate(q, s, position), rotate(k, s, position)
+            if past is not None:
+                k = mx.concatenate([past.keys[i], k], axis=2)
+                v = mx.concatenate([past.values[i], v], axis=2)
+            keys.append(k)
+            values.append(v)
+            x = finish_block(x, attend(q, k, v, s), blk, s.eps)
+        out = mx.fast.rms_norm(x, self.norm, s.eps)
+        return FastState(keys, values, position + 1), self.output.project(out)
 
     def _run(self, x: mx.array, past: FastState | None) -> tuple[FastState, mx.array]:
         """Rows x at positions past.n_positions.. (0 without a past), attending to the past

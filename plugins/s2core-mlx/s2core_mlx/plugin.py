@@ -41,6 +41,9 @@ SPLIT_TYPES = frozenset({"q6_k", "q3_k", "q2_k"})
 #: side of the plugin here): codes twice plus float32 scales (and Q2_K's biases) per 16
 SPLIT_OVERHEAD = (("q6_k", 14 / 6.5625), ("q3_k", 8 / 3.4375), ("q2_k", 8 / 2.625))
 
+#: sequences one eval_slots call evaluates (as NumPy and torch)
+MAX_BATCH_SEQUENCES = 16
+
 #: Apple GPU: above every other backend
 METAL_PRIORITY = 400
 #: a CPU build (Linux): below NumPy (100); MLX's Linux wheel multiplies with the reference BLAS
@@ -86,7 +89,7 @@ def mlx_capabilities(metal: bool, kv_cache_dtype: str = "f16", widened_weight_dt
         native_weight_types=NATIVE_WEIGHT_TYPES | (SPLIT_TYPES if split else frozenset()),
         widened_weight_dtype=widened_weight_dtype,
         native_weight_overhead=QUANT_OVERHEAD[quant_scale_dtype] + (SPLIT_OVERHEAD if split else ()),
-        writes_kv_cache=True,
+        writes_kv_cache=True, max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
         codec=mlx_codec_capabilities(metal))
 
 
@@ -152,4 +155,4 @@ def s2core_backends() -> list[BackendSpec]:
         description="MLX (Apple GPU via Metal, or CPU): float32 compute, fused RMSNorm/RoPE/"
                     "attention kernels, GGUF quants kept quantized where MLX's format fits "
                     "(legacy quants at the file's size; Q4_K/Q5_K at 1.3x), incremental "
-                    "Fast-AR")]
+                    "Fast-AR, up to 16 sequences per call with shared voice prefixes")]
