@@ -25,13 +25,14 @@ and released least recently used first when a new voice would pass the memory li
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
 from . import inputs
 from .errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
-                     InvalidInputError, S2CoreError)
+                     InvalidInputError, ModelBusyError, S2CoreError)
 from .held_voices import HeldVoice, HeldVoices
 from .memory import backend_kv_cache_bytes, describe_bytes
 from .model import Result, SlowARModel
@@ -156,7 +157,9 @@ class BatchedModel:
         if not 0 < max_seq_len <= ctx:
             raise InvalidInputError("max_seq_len_range", f"max_seq_len must be in [1, "
                                     f"context_length={ctx}], got {max_seq_len}")
+        self._check_no_other_owner("init_slots")
         self._allocate(n_slots, max_seq_len)  # keeps the previous slots if it raises
+        self.model._slot_owner = weakref.ref(self)
         if cap == 1:
             self.model._forget_cache()  # the one slot replaced the model's cache
         else:
@@ -167,6 +170,24 @@ class BatchedModel:
         self._rows = [[] for _ in range(n_slots)]
         self._fast = None
         self._voices.reset(n_slots)  # the backend's new slots hold no voice
+
+    def _other_owner(self) -> "BatchedModel | None":
+        """Another live BatchedModel holding this model's slots, if any."""
+        ref = self.model._slot_owner
+        owner = ref() if ref is not None else None
+        if owner is None or owner is self or owner._max_seq_len is None:
+            return None
+        return owner
+
+    def _check_no_other_owner(self, what: str) -> None:
+        """The backend holds one set of slots: a second BatchedModel allocating its own would
+        drop the first's in the middle of its requests."""
+        owner = self._other_owner()
+        if owner is not None:
+            raise ModelBusyError(
+                f"BatchedModel.{what}(): another BatchedModel on {self.model.model_file.path} "
+                f"holds the backend's KV slots ({owner.n_slots} slots, n_past={owner._n_past});"
+                f" call its free_slots() or close() first, or load the model a second time")
 
     def _allocate(self, n_slots: int, max_seq_len: int) -> None:
         """The slots' memory, checked against the limit init_kv_cache uses (the backend's
@@ -211,9 +232,11 @@ class BatchedModel:
 
     @_guarded
     def free_slots(self) -> None:
-        """Release the slots' memory (allowed at any time; a closed model has none)."""
-        if not self.model.closed:
+        """Release the slots' memory (allowed at any time; a closed model has none). Another
+        BatchedModel's slots are left alone: this one then holds nothing to free."""
+        if not self.model.closed and self._other_owner() is None:
             self.backend.free_kv_slots()
+            self.model._slot_owner = None
         self._max_seq_len = None
         self._n_past, self._shared, self._rows, self._fast = [], [], [], None
         self._voices.reset(0)  # free_kv_slots dropped them

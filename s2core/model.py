@@ -96,6 +96,9 @@ class SlowARModel:
         self._fast: _FastSession | None = None
         # the canonical token rows behind cache positions [0, n_past), for save_prefix
         self._rows: list[np.ndarray] = []
+        # the BatchedModel whose slots the backend holds (a weak reference), or None:
+        # the backend has one set of slots, so a second BatchedModel must not take them
+        self._slot_owner: Any = None
 
     # ------------------------------------------------------------------ state
     @property

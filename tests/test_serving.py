@@ -9,7 +9,7 @@ import pytest
 
 import s2core
 from s2core.batching import BatchedModel
-from s2core.errors import CacheOverflowError, InvalidInputError
+from s2core.errors import CacheOverflowError, InvalidInputError, ModelBusyError
 from s2core.generation import GenerationConfig, generate
 from s2core.kit.batching_rules import voice_prefix
 from s2core.serving import FAILED, Server, generate_many
@@ -50,6 +50,27 @@ def test_init_slots_checks(model):
         assert b.max_seq_len is None and b.n_slots == 0
     with pytest.raises(InvalidInputError):
         BatchedModel("not a model")
+
+
+def test_a_second_batched_model_cannot_take_the_first_ones_slots(model):
+    """The backend holds one set of slots: a second BatchedModel on the same model is refused
+    while the first holds them, and its free_slots() leaves the first's alone."""
+    first, second = BatchedModel(model), BatchedModel(model)
+    first.init_slots(2, 32)
+    p = prompts(2)
+    first.eval([(0, p[0]), (1, p[1])])
+    snapshot = first.kv_slot_snapshot(1)
+    with pytest.raises(ModelBusyError, match=r"another BatchedModel .* holds the backend's KV "
+                       r"slots \(2 slots, n_past=\[8, 11\]\)"):
+        second.init_slots(4, 16)
+    second.free_slots()  # holds nothing: must not drop the first's slots
+    assert [first.n_past(s) for s in range(2)] == [8, 11]
+    for a, b in zip(first.kv_slot_snapshot(1), snapshot):
+        np.testing.assert_array_equal(a, b)
+    first.eval([(0, p[1][:1])])  # the first still computes on its slots
+    first.free_slots()
+    second.init_slots(4, 16)  # free now
+    assert second.n_slots == 4
 
 
 def test_a_failing_backend_call_leaves_every_slot_as_it_was(model, monkeypatch):
