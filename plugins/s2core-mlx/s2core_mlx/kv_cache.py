@@ -112,3 +112,11 @@ class KVCache:
         p = self.prefix
         return (stacked(self.k, None if p is None else p.k),
                 stacked(self.v, None if p is None else p.v))
+
+
+def buffer_address(a: mx.array) -> int:
+    """Where an array's data lives (tests check that caches are written in place)."""
+    view = np.asarray(a)
+    address = view.__array_interface__["data"][0]
+    del view  # a live view would keep MLX from updating the buffer in place
+    return address

@@ -13,18 +13,12 @@ from s2core.kit.models import kit_model, kit_reference
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
 
+from s2core_mlx.kv_cache import buffer_address  # noqa: E402
 from s2core_mlx.weights import DenseMatrix, QuantizedMatrix, storage_bytes  # noqa: E402
 
 
 def load(config="gqa4", weight_type="f32", **options):
     return s2core.load(kit_model(config, weight_type), backend="mlx", **options)
-
-
-def buffer_address(a: mx.array) -> int:
-    view = np.asarray(a)
-    address = view.__array_interface__["data"][0]
-    del view  # a live view would keep MLX from updating the buffer in place
-    return address
 
 
 # ---------------------------------------------------------------------- results

@@ -17,18 +17,12 @@ from s2core.testing.prompts import mixed_prompt, semantic_frame
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
 
 from s2core_mlx import fast_ar, slow_ar  # noqa: E402
+from s2core_mlx.kv_cache import buffer_address  # noqa: E402
 from s2core_mlx.plugin import MAX_BATCH_SEQUENCES, mlx_capabilities  # noqa: E402
 
 
 def load(config="gqa4", weight_type="q8_0", **options):
     return s2core.load(kit_model(config, weight_type), backend="mlx", **options)
-
-
-def buffer_address(a: mx.array) -> int:
-    view = np.asarray(a)
-    address = view.__array_interface__["data"][0]
-    del view  # a live view would keep MLX from updating the buffer in place
-    return address
 
 
 def test_mlx_declares_batching_and_shared_prefixes():
