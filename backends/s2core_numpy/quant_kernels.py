@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from .f16 import _UNSCALE, _bits
+from .prefetch import AHEAD, prefetch_rows
 from .stack import stack_array, stack_tile
 from .tiled import TILE
 
@@ -175,13 +176,17 @@ def matvec_decoded(kind, codes, x, out):
     types without a fused kernel)."""
     n_tiles, n_blocks, nbytes, _ = codes.shape
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    cf = codes.reshape(-1)
     values = x.shape[0] // n_blocks
     for t in prange(n_tiles):
         acc = stack_tile(np.float32)
         acc[:] = 0.0
         w, sc, mn, bits = _scratch()
         for b in range(n_blocks):
-            _decode_block(kind, c, (t * n_blocks + b) * nbytes, w, bits, sc, mn)
+            r0 = (t * n_blocks + b) * nbytes
+            # the block two ahead, asked for at once: decoding is slow enough to hide it
+            prefetch_rows(cf, TILE, r0 + AHEAD * nbytes, r0 + (AHEAD + 1) * nbytes)
+            _decode_block(kind, c, r0, w, bits, sc, mn)
             for v in range(values):
                 xv = x[b * values + v]
                 for j in range(TILE):
@@ -201,6 +206,7 @@ def matmul_decoded(kind, codes, x, out):
     3.77 -> 1.51 ms (one row: 0.54 and 1.1 ms)."""
     n_tiles, n_blocks, nbytes, _ = codes.shape
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    cf = codes.reshape(-1)
     values = x.shape[1] // n_blocks
     for t in prange(n_tiles):
         w, sc, mn, bits = _scratch()
@@ -214,12 +220,18 @@ def matmul_decoded(kind, codes, x, out):
             a3[:] = 0.0
             for b in range(n_blocks):
                 r0 = (t * n_blocks + b) * nbytes
+                ahead = r0 + AHEAD * nbytes
+                if g == 0 and kind not in (Q4_K, Q5_K, Q6_K):  # at once, as matvec_decoded
+                    prefetch_rows(cf, TILE, ahead, ahead + nbytes)
                 if kind in (Q4_K, Q5_K, Q6_K):  # weights formed in registers from int8 codes
                     _scales(kind, c, r0, bits, sc, mn)
                     _codes(kind, c, r0, q)
                 else:
                     _decode_block(kind, c, r0, w, bits, sc, mn)
                 for v in range(values):
+                    if g == 0 and kind in (Q4_K, Q5_K, Q6_K):  # a share of the rows a value
+                        prefetch_rows(cf, TILE, ahead + v * nbytes // values,
+                                      ahead + (v + 1) * nbytes // values)
                     i = b * values + v
                     x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
                     s = v // 16 if kind == Q6_K else v // 32
@@ -296,11 +308,15 @@ def gather_rows(kind, codes, rows, out):
 # multiply-adds that stay in registers, and the group's sum is scaled once (a min is applied
 # to the group's sum of x, `xs`, formed once per product). Against unpacking inside the
 # multiply loop with partial sums in L1 (the previous kernel), 2 threads on a quiet machine:
-# Q6_K 1.4x faster (155776 x 2560: 27 against 36 ms), Q5_K 2-2.5x. Still compute-bound on
-# large matrices (12-15 GB/s of blocks against 44-48 GB/s read); one thread, in cache, a
-# Q6_K product is about half multiply-adds, a third unpacking, a fifth sub-block scales.
-# Tried without gain: unpacking half a block at a time, four chains of four, prefetching
-# the next block (llvm.prefetch), Q4_K's nibbles unpacked straight in the register chains.
+# Q6_K 1.4x faster (155776 x 2560: 27 against 36 ms), Q5_K 2-2.5x.
+# They were then bound by waiting for memory, not by arithmetic: from cache two threads
+# compute a Q6_K product at ~37 GB/s of blocks and stream the blocks alone at ~60 GB/s, but
+# from memory they managed 18 GB/s, the two times added. Each step of the compute now asks
+# for a few lines of the block two ahead (prefetch.py): on 9728 x 2560, alternated runs, Q6_K
+# 1.06-1.71 -> 0.50-0.60 ms, Q4_K 0.56-0.61 -> 0.37-0.48 ms. (Asking for the next block's
+# lines all at once, at the start of a block, had gained little: a core has few outstanding
+# misses.) Tried without gain: unpacking half a block at a time, four chains of four, Q4_K's
+# nibbles (and Q6_K's codes) unpacked straight in the register chains.
 
 @njit(inline="always")
 def _codes(kind, c, r0, q):
@@ -343,18 +359,21 @@ def _codes(kind, c, r0, q):
 
 
 @njit(inline="always")
-def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn):
+def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn, cf, ahead):
     """acc += this Q4_K block's share of the product, for one row x, the nibbles unpacked in
     the multiply loop (Q4_K's unpacking is cheap, and on matrices streamed from memory this
     was faster than `_codes`: 4.8 against 5.9 ms on 65536 x 2560). Four rows of bytes per
     pass over the tile: their products are summed in registers before the partial sums in
     memory are updated (measured 1.3-2x faster than one row per pass here). xs: sums of x
-    over 16 values."""
+    over 16 values. Each of the 32 passes asks for 4-5 of the 144 rows of the block at row
+    `ahead` (prefetch.py)."""
     base = b * 256
     for n in range(4):  # 64 values: low nibbles sub-block 2n, high nibbles sub-block 2n+1
         plo[:] = 0.0
         phi[:] = 0.0
         for l in range(0, 32, 4):
+            first = ahead + n * 36 + l + l // 8  # 144 rows over 32 passes
+            prefetch_rows(cf, TILE, first, first + 5)
             xb, row = base + n * 64 + l, r0 + 16 + n * 32 + l
             a0, a1, a2, a3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
             h0, h1, h2, h3 = x[xb + 32], x[xb + 33], x[xb + 34], x[xb + 35]
@@ -373,10 +392,13 @@ def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn):
 
 
 @njit(inline="always")
-def _groups(kind, q, b, x, xs, acc, sc, mn):
-    """acc += the share of one block whose codes are in q (`_codes`), 16 values at a time."""
+def _groups(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes):
+    """acc += the share of one block whose codes are in q (`_codes`), 16 values at a time;
+    each group asks for a sixteenth of the rows of the block at row `ahead` (prefetch.py)."""
     f32 = np.float32
+    per = (nbytes + 15) // 16
     for g in range(16):  # 16 values: sub-block g (Q6_K) or half of sub-block g // 2
+        prefetch_rows(cf, TILE, ahead + g * per, ahead + min((g + 1) * per, nbytes))
         v, s, xb = g * 16, g if kind == Q6_K else g // 2, b * 256 + g * 16
         x0, x1, x2, x3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
         x4, x5, x6, x7 = x[xb + 4], x[xb + 5], x[xb + 6], x[xb + 7]
@@ -402,6 +424,7 @@ def matvec_fused(kind, codes, x, xs, out):
     two); it does not reorder sums."""
     n_tiles, n_blocks, nbytes, _ = codes.shape
     c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    cf = codes.reshape(-1)
     for t in prange(n_tiles):
         # every buffer on the stack, where LLVM keeps the partial sums in registers
         # (stack.py): Q4_K 1.3x faster than with heap buffers
@@ -413,12 +436,13 @@ def matvec_fused(kind, codes, x, xs, out):
         bits = stack_tile(np.uint32)
         for b in range(n_blocks):
             r0 = (t * n_blocks + b) * nbytes
+            ahead = r0 + AHEAD * nbytes  # the rows of the block two ahead (prefetch.py)
             _scales(kind, c, r0, bits, sc, mn)
             if kind == Q4_K:
-                _q4_k_block(c, r0, b, x, xs, acc, p0, p1, sc, mn)
+                _q4_k_block(c, r0, b, x, xs, acc, p0, p1, sc, mn, cf, ahead)
             else:
                 _codes(kind, c, r0, q)
-                _groups(kind, q, b, x, xs, acc, sc, mn)
+                _groups(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes)
         for j in range(TILE):
             out[t * TILE + j] = acc[j]
 
