@@ -39,8 +39,10 @@ def _prefetch(typingctx, array, index):
         byte_pointer = builder.bitcast(pointer, ir.IntType(8).as_pointer())
         i32 = ir.IntType(32)
         signature_ir = ir.FunctionType(ir.VoidType(), [byte_pointer.type, i32, i32, i32])
-        function = cgutils.get_or_insert_function(builder.module, signature_ir,
-                                                  "llvm.prefetch.p0")
+        # llvmlite names it for its pointer type ("llvm.prefetch.p0i8" for i8*); LLVM 15 and
+        # later take that name for their opaque-pointer "llvm.prefetch.p0"
+        function = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer.type],
+                                                    signature_ir)
         builder.call(function, [byte_pointer, i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
 
