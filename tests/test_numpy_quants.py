@@ -70,10 +70,11 @@ def test_row_lookup_decodes_exactly_the_rows_asked_for(packed):
     np.testing.assert_array_equal(m.rows(ids).view(np.uint32), w[ids].view(np.uint32))
 
 
-@pytest.mark.parametrize("n_rows", [1, 3, 40])
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 6, 40])
 def test_products_equal_the_float64_product_of_ggufs_weights(packed, n_rows):
-    """One row (the fused or decoding matvec), a few rows (decoded once per tile) and many
-    (float32 W^T and sgemm): gguf's weights times x, up to float32 summation order."""
+    """One row (the fused or decoding matvec), a few rows (in fours, one or two left over
+    going one at a time) and many (float32 W^T and sgemm): gguf's weights times x, up to
+    float32 summation order."""
     _, _, w, m = packed
     x = np.random.default_rng(n_rows).standard_normal((n_rows, w.shape[1]), dtype=np.float32)
     out = m(x)
