@@ -9,6 +9,11 @@ Two figures, each the best of several repetitions over arrays far larger than an
   float64 x @ x (dot). A step only reads its weights, and on some machines (this project's
   Zen 4 VMs) reading streams faster than copying, so a step can beat the copy floor; the
   read floor is the one it cannot beat.
+* sum: the array summed as float32 by one thread per core at once (numpy's sum releases the
+  GIL), bytes / time: the figure issue 10 states its floors in ("a 1 GiB array summed with
+  one thread per core"). numpy's pairwise sum is partly bound by its own arithmetic, so this
+  reads lower than the BLAS kernels (29 against 39-73 GB/s here): floors from it are the
+  loosest of the three.
 
 A run measures both at the start, before every backend and at the end: on shared hosts the
 bandwidth a VM gets varies over minutes, and the samples show by how much.
@@ -16,7 +21,9 @@ bandwidth a VM gets varies over minutes, and the samples show by how much.
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -32,6 +39,7 @@ class Bandwidth:
     read_gbps: float       # the better of the two read-only kernels below
     gemv_f32_gbps: float   # matrix bytes / best time of float32 matrix @ vector
     dot_f64_gbps: float    # vector bytes / best time of float64 x @ x
+    sum_gbps: float        # array bytes / best time of a float32 sum, one thread per core
     bytes_each: int        # size of each array
     reps: int
 
@@ -63,4 +71,13 @@ def measure_bandwidth(size_mb: int = 512, reps: int = 5) -> Bandwidth:
     vec = np.ones(GEMV_WIDTH, dtype=np.float32)
     gemv = matrix.nbytes / _best_s(lambda: matrix @ vec, reps) / 1e9
     return Bandwidth(copy_gbps=copy, read_gbps=max(gemv, dot), gemv_f32_gbps=gemv,
-                     dot_f64_gbps=dot, bytes_each=int(src.nbytes), reps=reps)
+                     dot_f64_gbps=dot, sum_gbps=_parallel_sum_gbps(flat, reps),
+                     bytes_each=int(src.nbytes), reps=reps)
+
+
+def _parallel_sum_gbps(values: np.ndarray, reps: int) -> float:
+    """bytes / best time of summing `values`, split among one thread per usable core."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    parts = np.array_split(values, max(1, cores or 1))
+    with ThreadPoolExecutor(len(parts)) as pool:
+        return values.nbytes / _best_s(lambda: list(pool.map(np.sum, parts)), reps) / 1e9

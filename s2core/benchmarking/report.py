@@ -38,7 +38,7 @@ def decode_table(report: dict[str, Any]) -> list[str]:
     for r in report["results"]:
         m, d, dec = report["models"][r["weight_type"]], r.get("derived", {}), r.get("decode")
         if dec is None:
-            rows.append([r["weight_type"], r["backend"], "failed"] + [""] * 13)
+            rows.append([r["weight_type"], r["backend"], "failed"] + [""] * 14)
             continue
         rows.append([
             r["weight_type"], r["backend"], f"{dec['median_ms']:.1f}",
@@ -46,12 +46,13 @@ def decode_table(report: dict[str, Any]) -> list[str]:
             f"{dec['n']}" + ("*" if dec["capped"] else ""),
             f"{m['step_floor_ms']:.1f}", f"{d['step_ratio_to_floor']:.2f}",
             f"{m['step_read_floor_ms']:.1f}", f"{d['step_ratio_to_read_floor']:.2f}",
+            _fmt(d.get("step_ratio_to_sum_floor"), ".2f"),
             _fmt(d.get("step_ratio_to_resident_floor"), ".2f"),
             f"{d['step_ratio_to_best']:.2f}", f"{d['step_effective_gbps']:.1f}",
             _fmt(d.get("child_read_gbps"), ".1f"),
             f"{dec['cpu_per_wall']:.1f}", _percent(dec["others_cpu_share"])])
     return _table(["type", "backend", "step ms", "min-max", "IQR", "n", "floor ms", "x floor",
-                   "read floor", "x read floor", "x own floor", "x best", "eff. GB/s",
+                   "read floor", "x read floor", "x sum floor", "x own floor", "x best", "eff. GB/s",
                    "read GB/s here", "cores", "others"], rows)
 
 
@@ -139,8 +140,15 @@ def bandwidth_line(bw: dict[str, Any]) -> str:
     return (f"memory bandwidth, {len(copies)} samples of {size_mib:.0f} MiB "
             f"arrays (start, before each backend, end): copy (np.copyto, read + written bytes) "
             f"{min(copies):.1f}-{max(copies):.1f} GB/s; read (BLAS float32 gemv / float64 dot) "
-            f"{min(reads):.1f}-{max(reads):.1f} GB/s; floors use the best: copy "
-            f"{bw['copy_gbps']:.1f}, read {bw['read_gbps']:.1f} GB/s")
+            f"{min(reads):.1f}-{max(reads):.1f} GB/s{_sum_range(bw)}; floors use the best: copy "
+            f"{bw['copy_gbps']:.1f}, read {bw['read_gbps']:.1f} GB/s"
+            + (f", sum {bw['sum_gbps']:.1f} GB/s" if "sum_gbps" in bw else ""))
+
+
+def _sum_range(bw: dict[str, Any]) -> str:
+    sums = [b["sum_gbps"] for b in bw["samples"] if "sum_gbps" in b]
+    return (f"; sum (float32, one thread per core) {min(sums):.1f}-{max(sums):.1f} GB/s"
+            if sums else "")
 
 
 def legend_lines() -> list[str]:
@@ -148,7 +156,8 @@ def legend_lines() -> list[str]:
         "step ms: median of the timed decode steps (min-max, IQR); n* = stopped by the time cap",
         "floor ms: file-type bytes of the Slow-AR layer matrices + tied embeddings / copy "
         "bandwidth; read floor: the same bytes / read bandwidth (a step only reads, and reading "
-        "can stream faster than copying: the read floor is the stricter one)",
+        "can stream faster than copying: the read floor is the stricter one); x sum floor: "
+        "against the same bytes / the sum bandwidth (issue 10's figure, the loosest)",
         "x own floor: against the bytes the backend really streams (after widening on load), "
         "at copy bandwidth",
         "x best: against the fastest backend on the same weight type",

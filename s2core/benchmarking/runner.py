@@ -165,6 +165,9 @@ def derive(result: dict[str, Any], model: dict[str, Any], bw: dict[str, float]) 
         d["step_ratio_to_floor"] = med / d["step_floor_ms"]
         d["step_read_floor_ms"] = floor_ms(model["step_read_bytes"], bw["read_gbps"])
         d["step_ratio_to_read_floor"] = med / d["step_read_floor_ms"]
+        if "sum_gbps" in bw:  # issue 10's figure (bandwidth.py); older reports lack it
+            d["step_sum_floor_ms"] = floor_ms(model["step_read_bytes"], bw["sum_gbps"])
+            d["step_ratio_to_sum_floor"] = med / d["step_sum_floor_ms"]
         d["step_effective_gbps"] = model["step_read_bytes"] / (med / 1e3) / 1e9
         if "bandwidth_in_child" in result:
             child_read = result["bandwidth_in_child"]["read_gbps"]
@@ -226,7 +229,8 @@ def run_benchmark(cfg: BenchConfig, say: Callable[[str], None] = _say) -> dict[s
     say(f"memory bandwidth ({cfg.bandwidth_mb} MiB arrays, best of {cfg.bandwidth_reps}) ...")
     first = sample_bandwidth("start", cfg.bandwidth_reps)
     say(f"  copy {first['copy_gbps']:.1f} GB/s (read + write); read {first['read_gbps']:.1f} GB/s "
-        f"(float32 gemv {first['gemv_f32_gbps']:.1f}, float64 dot {first['dot_f64_gbps']:.1f})")
+        f"(float32 gemv {first['gemv_f32_gbps']:.1f}, float64 dot {first['dot_f64_gbps']:.1f}); "
+        f"sum, one thread per core {first['sum_gbps']:.1f} GB/s")
 
     names, skipped = select_backends(cfg.backends)
     report["backends"] = [r.as_dict() for r in list_backends()]
@@ -259,9 +263,11 @@ def run_benchmark(cfg: BenchConfig, say: Callable[[str], None] = _say) -> dict[s
     sample_bandwidth("end", cfg.bandwidth_reps)
     # The floors use the best of all samples: what the machine can do when nothing disturbs it.
     bw = {"copy_gbps": max(b["copy_gbps"] for b in samples),
-          "read_gbps": max(b["read_gbps"] for b in samples)}
+          "read_gbps": max(b["read_gbps"] for b in samples),
+          "sum_gbps": max(b["sum_gbps"] for b in samples)}
     report["bandwidth"] = {**bw, "samples": samples,
-                           "used_for_floors": "best copy and best read over all samples"}
+                           "used_for_floors": "best copy, best read and best sum over all "
+                                              "samples"}
     for wtype, m in models.items():
         m["step_floor_ms"] = floor_ms(m["step_read_bytes"], bw["copy_gbps"])
         m["step_read_floor_ms"] = floor_ms(m["step_read_bytes"], bw["read_gbps"])
