@@ -11,7 +11,7 @@ Decoding follows gguf.quants' dequantize_blocks step by step in float32: a sub-b
 formed as gguf forms it (e.g. Q4_K's d * sc and dmin * m) and the weight as scale * q - min,
 so `_decode_block` gives gguf's float32 weights bit for bit. Products either decode a block into
 a small buffer and multiply from it (every type), or, for the K-quants most files are made of
-(Q4_K, Q5_K, Q6_K), sum q * x per sub-block first and scale once (the same numbers up to float32
+(Q2_K..Q6_K), sum q * x per sub-block first and scale once (the same numbers up to float32
 summation order, as ggml computes them, without quantizing the activations).
 
 float16 fields (d, dmin, m) are widened exactly by moving their bits (f16.py's method: numba
@@ -31,6 +31,18 @@ from .tiled import TILE
 
 # GGML's type numbers (gguf.GGMLQuantizationType), the kernels' `kind` argument
 Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 2, 3, 6, 7, 10, 11, 12, 13, 14
+
+
+@njit(inline="always")
+def _fused(kind):
+    """The K-quants: computed from int8 codes and per-sub-block scales (FUSED)."""
+    return kind == Q2_K or kind == Q3_K or kind == Q4_K or kind == Q5_K or kind == Q6_K
+
+
+@njit(inline="always")
+def _sub_block(kind, v):
+    """The sub-block of value v: 16 values each (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K)."""
+    return v // 32 if kind == Q4_K or kind == Q5_K else v // 16
 
 
 @njit(inline="always")
@@ -199,7 +211,7 @@ def matvec_decoded(kind, codes, x, out):
 def matmul_decoded(kind, codes, x, out):
     """The same for a multiple of four rows of x (fewrows.few_rows pads): each weight is
     formed once and feeds four rows' partial sums, which stay in registers (stack.py). For
-    Q4_K, Q5_K and Q6_K the weight is formed in a register from the block's int8 codes
+    the K-quants the weight is formed in a register from the block's int8 codes
     (`_codes`, 16 KB: in L1) as sc * q - mn, gguf's formula in one fused multiply-add (one
     rounding: gguf's weights to within float32 rounding); the other types decode the block
     into float32 first. Before, each row went over a decoded block (64 KB, in L2) in
@@ -222,22 +234,22 @@ def matmul_decoded(kind, codes, x, out):
             for b in range(n_blocks):
                 r0 = (t * n_blocks + b) * nbytes
                 ahead = r0 + AHEAD * nbytes
-                if g == 0 and kind not in (Q4_K, Q5_K, Q6_K):  # at once, as matvec_decoded
+                if g == 0 and not _fused(kind):  # at once, as matvec_decoded
                     prefetch_rows(cf, TILE, ahead, ahead + nbytes)
-                if kind in (Q4_K, Q5_K, Q6_K):  # weights formed in registers from int8 codes
+                if _fused(kind):  # weights formed in registers from int8 codes
                     _scales(kind, c, r0, bits, sc, mn)
                     _codes(kind, c, r0, q)
                 else:
                     _decode_block(kind, c, r0, w, bits, sc, mn)
                 for v in range(values):
-                    if g == 0 and kind in (Q4_K, Q5_K, Q6_K):  # a share of the rows a value
+                    if g == 0 and _fused(kind):  # a share of the rows a value
                         prefetch_rows(cf, TILE, ahead + v * nbytes // values,
                                       ahead + (v + 1) * nbytes // values)
                     i = b * values + v
                     x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
-                    s = v // 16 if kind == Q6_K else v // 32
+                    s = _sub_block(kind, v)
                     for j in range(TILE):
-                        if kind in (Q4_K, Q5_K, Q6_K):
+                        if _fused(kind):
                             wj = sc[s, j] * np.float32(q[v, j]) - mn[s, j]
                         else:
                             wj = w[v, j]
@@ -322,8 +334,9 @@ def gather_rows(kind, codes, rows, out):
 @njit(inline="always")
 def _codes(kind, c, r0, q):
     """q[v, j]: the integer code of value v of the block at row r0 of c, for every row j of
-    the tile, as int8: Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 (gguf's q - 32, so Q6_K needs no
-    correction term). q: int8 (256, TILE) scratch. Each loop runs over 32 rows of TILE bytes
+    the tile, as int8: Q2_K 0..3, Q3_K -4..3 (gguf's q - 4 where the high bit is clear),
+    Q4_K 0..15, Q5_K 0..31, Q6_K -32..31 (gguf's q - 32): only Q2_K, Q4_K and Q5_K have a
+    min, applied per sub-block. q: int8 (256, TILE) scratch. Each loop runs over 32 rows of TILE bytes
     at once, through flat slices (index i = l * TILE + j): per row of 64 bytes, the loop's
     fixed costs (numba's index arithmetic, LLVM's alias checks) were as large as the work."""
     n = 32 * TILE
@@ -339,6 +352,23 @@ def _codes(kind, c, r0, q):
                 out[n + i] = np.int8(np.uint8((a2 & 15) | ((hb & 12) << 2)) - np.uint8(32))
                 out[2 * n + i] = np.int8(np.uint8((a >> 4) | (hb & 48)) - np.uint8(32))
                 out[3 * n + i] = np.int8(np.uint8((a2 >> 4) | ((hb >> 2) & 48)) - np.uint8(32))
+    elif kind == Q2_K or kind == Q3_K:
+        # values h*128 + k*32 + l: bits 2k of byte qs + h*32 + l; Q3_K less 4 where bit
+        # 4h + k of hmask byte l (bytes 0..31) is clear
+        qs = r0 + (16 if kind == Q2_K else 32)
+        hmask = cf[r0 * TILE:(r0 + 32) * TILE]
+        for h in range(2):
+            src = cf[(qs + h * 32) * TILE:(qs + h * 32 + 32) * TILE]
+            for k in range(4):
+                out = qf[(h * 128 + k * 32) * TILE:(h * 128 + k * 32 + 32) * TILE]
+                if kind == Q2_K:
+                    for i in range(n):
+                        out[i] = np.int8((src[i] >> (2 * k)) & 3)
+                else:
+                    for i in range(n):
+                        low = np.uint8((src[i] >> (2 * k)) & 3)
+                        clear = np.uint8(((hmask[i] >> (4 * h + k)) & 1) ^ 1)
+                        out[i] = np.int8(low) - np.int8(clear << 2)
     else:  # Q4_K: values h*64 + k*32 + l are nibble k of byte 16 + h*32 + l; Q5_K: the same
         # from byte 48, plus a fifth bit: bit 2h + k of byte 16 + l
         five = kind == Q5_K
@@ -400,7 +430,7 @@ def _groups(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes):
     per = (nbytes + 15) // 16
     for g in range(16):  # 16 values: sub-block g (Q6_K) or half of sub-block g // 2
         prefetch_rows(cf, TILE, ahead + g * per, ahead + min((g + 1) * per, nbytes))
-        v, s, xb = g * 16, g if kind == Q6_K else g // 2, b * 256 + g * 16
+        v, s, xb = g * 16, _sub_block(kind, g * 16), b * 256 + g * 16
         x0, x1, x2, x3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
         x4, x5, x6, x7 = x[xb + 4], x[xb + 5], x[xb + 6], x[xb + 7]
         y0, y1, y2, y3 = x[xb + 8], x[xb + 9], x[xb + 10], x[xb + 11]
@@ -420,7 +450,7 @@ def _groups(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes):
 
 @njit(parallel=True, cache=True, fastmath={"contract"})
 def matvec_fused(kind, codes, x, xs, out):
-    """out = W x for Q4_K, Q5_K and Q6_K; xs: the sums of x over each 16 values.
+    """out = W x for the K-quants (FUSED); xs: the sums of x over each 16 values.
     fastmath "contract" only lets LLVM fuse a multiply and an add (one rounding instead of
     two); it does not reorder sums."""
     n_tiles, n_blocks, nbytes, _ = codes.shape
@@ -448,10 +478,10 @@ def matvec_fused(kind, codes, x, xs, out):
             out[t * TILE + j] = acc[j]
 
 
-FUSED = frozenset({Q4_K, Q5_K, Q6_K})
+FUSED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
 
 
 def sub_block_sums(kind: int, x: np.ndarray) -> np.ndarray:
     """What the fused kernel needs besides x: its sums over each 16 values (the minimum
-    terms of Q4_K/Q5_K; Q6_K's are multiplied by zero)."""
+    terms of Q2_K/Q4_K/Q5_K; Q3_K's and Q6_K's are multiplied by zero)."""
     return x.reshape(-1, 16).sum(axis=1, dtype=np.float32)
