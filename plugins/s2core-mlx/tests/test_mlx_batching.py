@@ -25,6 +25,18 @@ def load(config="gqa4", weight_type="q8_0", **options):
     return s2core.load(kit_model(config, weight_type), backend="mlx", **options)
 
 
+def rows_projected(monkeypatch, module) -> list[int]:
+    """The row count of every QKV projection `module` makes from now on."""
+    rows: list[int] = []
+    inner = module.project_qkv
+
+    def spy(x, blk, s):
+        rows.append(x.shape[0])
+        return inner(x, blk, s)
+    monkeypatch.setattr(module, "project_qkv", spy)
+    return rows
+
+
 def test_mlx_declares_batching_and_shared_prefixes():
     for metal in (False, True):
         caps = mlx_capabilities(metal)
@@ -41,25 +53,13 @@ def test_a_call_multiplies_every_slots_rows_by_each_weight_once(monkeypatch):
         b = BatchedModel(m)
         b.init_slots(3, 32)
         b.eval([(1, mixed_prompt(hp, 5, rng)), (2, mixed_prompt(hp, 7, rng))])
-        rows: list[int] = []
-        inner = slow_ar.project_qkv
-
-        def spy(x, blk, s):
-            rows.append(x.shape[0])
-            return inner(x, blk, s)
-        monkeypatch.setattr(slow_ar, "project_qkv", spy)
+        rows = rows_projected(monkeypatch, slow_ar)
         results = b.eval([(2, semantic_frame(hp, rng)), (0, mixed_prompt(hp, 9, rng)),
                           (1, semantic_frame(hp, rng))])
         assert rows == [11] * hp.n_layer
         assert [b.n_past(s) for s in range(3)] == [9, 6, 8]
 
-        fast_rows: list[int] = []
-        inner_fast = fast_ar.project_qkv
-
-        def spy_fast(x, blk, s):
-            fast_rows.append(x.shape[0])
-            return inner_fast(x, blk, s)
-        monkeypatch.setattr(fast_ar, "project_qkv", spy_fast)
+        fast_rows = rows_projected(monkeypatch, fast_ar)
         hiddens = np.stack([r.hidden for r in results])
         for k in range(3):  # a frame's first codebooks: each call appends one position
             b.fast_decode(hiddens, np.tile([4, 2][:k], (3, 1)).astype(np.int64))
