@@ -73,6 +73,18 @@ def test_a_second_batched_model_cannot_take_the_first_ones_slots(model):
     assert second.n_slots == 4
 
 
+def test_a_second_server_on_a_busy_model_is_refused_and_the_first_finishes_unharmed(model):
+    p = prompts(3)
+    with Server(model, max_sequences=2) as first:
+        requests = [first.submit(p[i], greedy(4)) for i in range(2)]
+        first.step()  # both requests hold slots now
+        with pytest.raises(ModelBusyError, match="another BatchedModel"):
+            generate_many(model, [p[2]], greedy(4))
+        first.run()
+    for request, prompt in zip(requests, p):
+        np.testing.assert_array_equal(request.codes(), generate(model, prompt, greedy(4)))
+
+
 def test_a_failing_backend_call_leaves_every_slot_as_it_was(model, monkeypatch):
     b = BatchedModel(model)
     b.init_slots(2, 32)
