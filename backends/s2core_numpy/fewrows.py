@@ -9,9 +9,9 @@ Here rows go in groups of four with four accumulators of the compile-time TILE: 
 weight feeds four multiply-adds, and the loops vectorize fully (AVX-512 here). The
 accumulators are stack arrays (stack.py), which LLVM keeps in vector registers: with heap
 arrays they went through L1 on every input, and four rows cost 2-3x one row; now 1.1-1.2x
-(below). The rows left after the groups of four go to a two-row form of each kernel when they are one or
-two (one padded with a zero row), so a batch of two costs about half what four do; three are
-padded to four (zero rows, outputs dropped).
+(below). The rows left after the groups of four go to a two-row form of each kernel when
+they are one or two (one padded with a zero row), so a batch of two costs about half what
+four do; three are padded to four (zero rows, outputs dropped).
 
 Measured on 9728 x 2560 (2 shared cores, noisy): 4 rows in 10.5 ms (F16, was 16) and 3.7 ms
 (Q8_0, was 11); 28 rows (a prefill chunk) 61 and 28 ms (were 69 and 92).
@@ -175,26 +175,22 @@ def q8_0_pair(codes, scales, x, out):
 def few_rows(kernels: tuple, weights: tuple, x: np.ndarray, out: np.ndarray) -> None:
     """out (n, padded out) = x (n, in) @ W^T with kernels (four-row, two-row), each called
     as `kernel(*weights, x, out)`: groups of four, then one or two rows left by the two-row
-    kernel, three left padded to four. Without a two-row kernel (None), any rows left are
-    padded to four."""
+    kernel, three left padded to four."""
     four, two = kernels
     n = x.shape[0]
     x = np.ascontiguousarray(x, dtype=np.float32)
     left = n % GROUP
     if left == 3:
-        _padded(four, weights, x, out, GROUP)
+        padded(four, weights, x, out, GROUP)
         return
     whole = n - left
     if whole:
         four(*weights, x[:whole], out[:whole])
     if left:
-        if two is None:
-            _padded(four, weights, x[whole:], out[whole:], GROUP)
-        else:
-            _padded(two, weights, x[whole:], out[whole:], 2)
+        padded(two, weights, x[whole:], out[whole:], 2)
 
 
-def _padded(kernel, weights: tuple, x: np.ndarray, out: np.ndarray, group: int) -> None:
+def padded(kernel, weights: tuple, x: np.ndarray, out: np.ndarray, group: int) -> None:
     """kernel over x's rows padded with zero rows to a multiple of `group`."""
     n = x.shape[0]
     m = -(-n // group) * group

@@ -57,12 +57,12 @@ class QuantMatrix(TiledMatrix):
         """Rows in fours (the four-row kernel); one or two rows left go one at a time, which
         costs less than padding them to four (one Q4_K row of 9728 x 2560: 0.4-0.5 ms, four
         rows at once 1.0-1.2 ms), three are padded to four."""
-        from .fewrows import few_rows  # rows in fours, the last padded (fewrows.py)
+        from .fewrows import padded  # zero rows up to a multiple of four (fewrows.py)
         n = x.shape[0]
-        whole = n - n % 4 if n % 4 in (1, 2) else n
-        if whole:
-            few_rows((k.matmul_decoded, None), (self.kind, self.codes), x[:whole], out[:whole])
-        for r in range(whole, n):
+        fours = n if n % 4 == 3 else n - n % 4
+        if fours:
+            padded(k.matmul_decoded, (self.kind, self.codes), x[:fours], out[:fours], 4)
+        for r in range(fours, n):
             self._matvec(np.ascontiguousarray(x[r]), out[r])
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:
