@@ -8,8 +8,9 @@ converting its codes again; F16: accumulators of a run-time row count) took 2.8x
 Here rows go in groups of four with four accumulators of the compile-time TILE: each widened
 weight feeds four multiply-adds, and the loops vectorize fully (AVX-512 here). The
 accumulators are stack arrays (stack.py), which LLVM keeps in vector registers: with heap
-arrays they went through L1 on every input, and four rows cost 2-3x one row; now 1.1-1.2x
-(below). The rows left after the groups of four go to a two-row form of each kernel when
+arrays they went through L1 on every input (four rows of 9728 x 2560, four runs: F16
+1.57-2.68 -> 1.08-1.70 ms against one row's 1.06-1.42; Q8_0 1.41-1.56 -> 1.02-1.13 ms against
+0.72-0.76; more below). The rows left after the groups of four go to a two-row form of each kernel when
 they are one or two (one padded with a zero row), so a batch of two costs about half what
 four do; three are padded to four (zero rows, outputs dropped).
 
