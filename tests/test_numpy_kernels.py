@@ -154,10 +154,48 @@ def test_products_and_attention_on_the_workers_equal_a_float64_reference(n_rows)
     q = rng.standard_normal((n_rows, n_head, d), dtype=np.float32)
     k = rng.standard_normal((n_kv, past + n_rows, d), dtype=np.float32)
     v = rng.standard_normal((n_kv, past + n_rows, d), dtype=np.float32)
-    spread = attention(q, k, v, past, 0.25, on_workers=True)
+    end = past + n_rows
+    spread = attention(q, k, v, end, past, 0.25, True, ops.NUMPY_OPS)
     ref = ops.causal_attention(*(a.astype(np.float64) for a in (q, k, v)), past, 0.25)
     assert spread.shape == ref.shape and rel_err(spread, ref) < 2e-6
-    np.testing.assert_array_equal(spread, attention(q, k, v, past, 0.25, on_workers=True))
+    np.testing.assert_array_equal(spread, attention(q, k, v, end, past, 0.25, True,
+                                                    ops.NUMPY_OPS))
+
+
+@numba_only
+@pytest.mark.parametrize("n_head,n_kv,d", [(32, 8, 128), (8, 4, 16), (4, 4, 72), (6, 2, 200)])
+@pytest.mark.parametrize("end", [1, 2, 37, 256])
+def test_row_kernels_attention_equals_a_float64_reference(n_head, n_kv, d, end):
+    """The newest row's attention over a cache (row_kernels.attend_last) reads only the
+    positions before `end` of a larger cache: the float64 result, up to float32 rounding, for
+    head sizes in whole blocks of 64 columns, with a remainder, and below one block."""
+    from s2core_numpy import ops
+    from s2core_numpy.row_kernels import KERNEL_OPS
+    rng = np.random.default_rng(end * d)
+    q = rng.standard_normal((1, n_head, d), dtype=np.float32)
+    k = rng.standard_normal((n_kv, end + 5, d), dtype=np.float32)
+    v = rng.standard_normal((n_kv, end + 5, d), dtype=np.float32)
+    k[:, end:] = v[:, end:] = np.nan  # past the end: must not be read
+    scale = 1 / np.sqrt(d)
+    got = KERNEL_OPS.attention(q, k, v, end, end - 1, scale)
+    ref = ops.causal_attention(*(a.astype(np.float64) for a in (q, k[:, :end], v[:, :end])),
+                               end - 1, scale)
+    assert got.shape == ref.shape == (1, n_head * d)
+    assert rel_err(got, ref) < 2e-6
+
+
+@numba_only
+@pytest.mark.parametrize("shape", [(1, 2560), (5, 7, 128), (3, 1)])
+def test_row_kernels_rms_norm_equals_a_float64_reference(shape):
+    from s2core_numpy.row_kernels import KERNEL_OPS
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape, dtype=np.float32) * 3
+    w = rng.standard_normal(shape[-1], dtype=np.float32)
+    got = KERNEL_OPS.rms_norm(x, w, 1e-6)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + 1e-6) * w
+    assert got.shape == shape and got.dtype == np.float32
+    assert rel_err(got, ref) < 2e-6
 
 
 @numba_only
@@ -226,7 +264,9 @@ def test_f16_tensor_with_an_infinity_is_widened_and_still_computed(tmp_path):
 @pytest.mark.parametrize("weight_type", ["q8_0", "f16"])
 def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
     """Without the kernels (option, or the module switch standing in for a missing numba)
-    F16 and Q8_0 are widened to float32 and give the same numbers."""
+    F16 and Q8_0 are widened to float32 and give the same numbers. (A float32 cache: an F16
+    cache would round a K/V value that sits on a rounding boundary one way or the other as
+    the two paths' float32 sums differ in their last bit.)"""
     prompt = mixed_prompt(tiny_hparams(), 12, np.random.default_rng(0))
     frame = semantic_frame(tiny_hparams(), np.random.default_rng(1))
     path = kit_model("gqa4", weight_type)
@@ -234,7 +274,7 @@ def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
     for options in ({"numba_kernels": False}, {}):
         if not options:
             monkeypatch.setattr(weights, "USE_NUMBA", False)
-        m = s2core.load(path, backend="numpy", **options)
+        m = s2core.load(path, backend="numpy", kv_cache_dtype="f32", **options)
         assert m.capabilities.native_weight_types == {"f32"}
         assert all(isinstance(w, np.ndarray) and w.dtype == np.float32
                    for w in block_matrices(m.backend.layers[0]) + [m.backend.embeddings])
@@ -246,7 +286,7 @@ def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
         s2core.load(path, backend="numpy", numba_kernels=True)  # USE_NUMBA is still off
     monkeypatch.setattr(weights, "USE_NUMBA", True)
     if plugin.numba_available():
-        m = s2core.load(path, backend="numpy")
+        m = s2core.load(path, backend="numpy", kv_cache_dtype="f32")
         m.init_kv_cache(32)
         m.prefill(prompt)
         native = (m.step(frame).logits, m.fast_decode(np.ones(64, np.float32), [1, 2]))

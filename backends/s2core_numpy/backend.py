@@ -31,6 +31,7 @@ from s2core.inputs import EvalBatch
 from s2core.layout import load_block, load_fast_ar
 
 from . import ops
+from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, numpy_capabilities
 from .weights import Weight, WeightLoader, gather, linear, numba_kernels_possible
 
@@ -56,29 +57,31 @@ class BlockWeights:
 
 
 def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
-                   sin: np.ndarray, on_workers: bool = False
+                   sin: np.ndarray, on_workers: bool = False, row_ops: RowOps = NUMPY_OPS
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q (n, n_head, d) and k, v (n, n_head_kv, d), QK-normed and rotated."""
     n = x.shape[0]
-    qkv = linear(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv, on_workers)
+    qkv = linear(row_ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv, on_workers)
     q_size, kv_size = s.q_size, s.kv_size
     q = qkv[:, :q_size].reshape(n, s.n_head, s.head_dim)
     k = qkv[:, q_size:q_size + kv_size].reshape(n, s.n_head_kv, s.head_dim)
     v = qkv[:, q_size + kv_size:].reshape(n, s.n_head_kv, s.head_dim)
     if blk.q_norm is not None:
-        q = ops.rms_norm(q, blk.q_norm, s.eps)
-        k = ops.rms_norm(k, blk.k_norm, s.eps)
+        q = row_ops.rms_norm(q, blk.q_norm, s.eps)
+        k = row_ops.rms_norm(k, blk.k_norm, s.eps)
     return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, scale: float,
-              on_workers: bool) -> np.ndarray:
-    """ops.causal_attention; on_workers: one KV head (and its query heads) per item."""
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int, q_start: int,
+              scale: float, on_workers: bool, row_ops: RowOps) -> np.ndarray:
+    """row_ops.attention over cache positions 0..end-1; on_workers: one KV head (and its query
+    heads) per item."""
     n, n_head, d = q.shape
-    n_kv = k.shape[0]
+    n_kv = k_cache.shape[0]
     if not on_workers or n == 1 or n_kv == 1:
-        return ops.causal_attention(q, k, v, q_start, scale)
+        return row_ops.attention(q, k_cache, v_cache, end, q_start, scale)
     from .workers import share
+    k, v = k_cache[:, :end], v_cache[:, :end]
     group = n_head // n_kv
     out = np.empty((n, n_head * d), np.float32)
 
@@ -92,13 +95,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_start: int, scale: 
 
 def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
               sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-              last_only: bool, round_f16: bool, on_workers: bool = False) -> np.ndarray:
+              last_only: bool, round_f16: bool, on_workers: bool = False,
+              row_ops: RowOps = NUMPY_OPS) -> np.ndarray:
     """One block over the rows x at positions start.. with the layer's cache (n_head_kv,
     capacity, head_dim) float32. last_only: only the last row's output is needed.
-    on_workers: every product and the attention run on the workers (workers.py)."""
+    on_workers: every product and the attention run on the workers (workers.py).
+    row_ops: the norms' and the attention's code (ops.RowOps)."""
     n = x.shape[0]
     end = start + n
-    q, k, v = qkv_projection(x, blk, s, cos, sin, on_workers)
+    q, k, v = qkv_projection(x, blk, s, cos, sin, on_workers, row_ops)
     k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
     k_new[...] = k.transpose(1, 0, 2)  # unrounded: this call attends to its own K/V in f32
     v_new[...] = v.transpose(1, 0, 2)
@@ -106,14 +111,14 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     if last_only and n > 1:
         # Only the last position reaches the output: skip the others' attention and FFN.
         x, q, q_start = x[-1:], q[-1:], end - 1
-    attn = attention(q, k_cache[:, :end], v_cache[:, :end], q_start, s.attn_scale, on_workers)
+    attn = attention(q, k_cache, v_cache, end, q_start, s.attn_scale, on_workers, row_ops)
     if round_f16:
         # What later calls read: the values an F16 cache holds (n rows, not the history).
         k_new[...] = k_new.astype(np.float16)
         v_new[...] = v_new.astype(np.float16)
     on_workers = on_workers and x.shape[0] > 1
     h = x + linear(attn, blk.wo, on_workers)
-    f = ops.rms_norm(h, blk.ffn_norm, s.eps)
+    f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
     gate_up = ops.silu(linear(f, blk.w1, on_workers)) * linear(f, blk.w3, on_workers)
     return h + linear(gate_up, blk.w2, on_workers)
 
@@ -136,6 +141,7 @@ class NumpyBackend(Backend):
                                     "(pip install 's2core[fast]')")
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels)
         self._numba = numba_kernels
+        self.row_ops = self._row_ops(numba_kernels)
         self._round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
         wl = WeightLoader(model_file, numba_kernels)
@@ -144,7 +150,7 @@ class NumpyBackend(Backend):
         self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)
                        for i in range(hp.n_layer)]
         self.shape = hp.stack
-        self.fast = None if hp.fast is None else FastDecoder(wl)
+        self.fast = None if hp.fast is None else FastDecoder(wl, self.row_ops)
         #: tensors of a kept type widened because they hold an infinite or NaN value or scale
         self.widened_non_finite = tuple(wl.widened_non_finite)
         self._k: np.ndarray | None = None  # [n_layer, n_head_kv, max_seq_len, head_dim]
@@ -154,6 +160,15 @@ class NumpyBackend(Backend):
     @property
     def capabilities(self) -> Capabilities:
         return self._caps
+
+    @staticmethod
+    def _row_ops(numba_kernels: bool) -> RowOps:
+        """The norms and the attention: numba's kernels (row_kernels.py) with the numba
+        matrices, NumPy's otherwise."""
+        if not numba_kernels:
+            return NUMPY_OPS
+        from .row_kernels import KERNEL_OPS
+        return KERNEL_OPS
 
     # ---------------------------------------------------------------- KV cache
     def allocate_kv_cache(self, max_seq_len: int) -> None:
@@ -212,8 +227,8 @@ class NumpyBackend(Backend):
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
             x = run_block(x, blk, s, cos, sin, self._k[i], self._v[i], batch.n_past,
-                          i == last, self._round_f16, on_workers)
-        hidden = ops.rms_norm(x[-1], self.norm, s.eps)
+                          i == last, self._round_f16, on_workers, self.row_ops)
+        hidden = self.row_ops.rms_norm(x[-1], self.norm, s.eps)
         return hidden, linear(hidden[None], self.embeddings)[0]
 
     # ---------------------------------------------------------------- several sequences
@@ -288,8 +303,9 @@ class FastDecoder:
     """The Fast-AR (SPEC 5). s2.cpp recomputes every position per call; here a frame's calls
     append to K/V kept in a FastState, with the same numbers (float32 throughout)."""
 
-    def __init__(self, wl: WeightLoader):
+    def __init__(self, wl: WeightLoader, row_ops: RowOps = NUMPY_OPS):
         f = wl.mf.hparams.fast
+        self.row_ops = row_ops
         weights = load_fast_ar(f, wl.matrix, wl.vector,
                                lambda prefix, qk: BlockWeights.load(wl, prefix, qk))
         self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
@@ -314,6 +330,7 @@ class FastDecoder:
         cos, sin = ops.rope_tables(np.arange(start, start + x.shape[0]), s.head_dim, s.rope_base)
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
-            x = run_block(x, blk, s, cos, sin, state.k[i], state.v[i], start, i == last, False)
+            x = run_block(x, blk, s, cos, sin, state.k[i], state.v[i], start, i == last, False,
+                          row_ops=self.row_ops)
         state.n = start + len(cos)
-        return linear(ops.rms_norm(x[-1], self.norm, s.eps)[None], self.output)[0]
+        return linear(self.row_ops.rms_norm(x[-1], self.norm, s.eps)[None], self.output)[0]

@@ -67,3 +67,20 @@ def causal_softmax(scores: np.ndarray, q_start: int) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), written with tanh so large |x| cannot overflow."""
     return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
+
+
+class RowOps:
+    """The norm and the attention that a block runs, NumPy's (these); the backend with numba
+    uses row_kernels.KERNEL_OPS instead. Both compute the same float32 numbers up to rounding."""
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return rms_norm(x, weight, eps)
+
+    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
+                  q_start: int, scale: float) -> np.ndarray:
+        """causal_attention over cache positions 0..end-1 (k_cache, v_cache: (n_kv,
+        capacity, d))."""
+        return causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, scale)
+
+
+NUMPY_OPS = RowOps()

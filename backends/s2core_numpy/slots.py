@@ -28,15 +28,17 @@ from .weights import gather, linear
 
 def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: np.ndarray,
                        segments: list[tuple[int, int, int]], k_layer, v_layer,
-                       last_only: bool, round_f16: bool, prefix_layer=None) -> np.ndarray:
+                       last_only: bool, round_f16: bool, prefix_layer=None,
+                       row_ops: ops.RowOps = ops.NUMPY_OPS) -> np.ndarray:
     """backend.run_block for several sequences: x holds every segment's rows. segments:
     (lo, hi, start) per sequence; k_layer(i) / v_layer(i): segment i's cache of this layer.
     prefix_layer(i): None, or the (K, V) of this layer of the shared prefix segment i starts
     with: its n rows are positions [0, n), and its own cache holds positions n and later.
-    last_only: only each segment's last row is returned (in segment order)."""
+    last_only: only each segment's last row is returned (in segment order).
+    row_ops: the norms' and the attention's code, the single-sequence path's (ops.RowOps)."""
     from .backend import qkv_projection  # the single-sequence projections, shared
 
-    q, k, v = qkv_projection(x, blk, s, cos, sin)
+    q, k, v = qkv_projection(x, blk, s, cos, sin, row_ops=row_ops)
     attn, kept = [], []
     for i, (lo, hi, start) in enumerate(segments):
         end = start + hi - lo
@@ -50,8 +52,8 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
         if last_only and hi - lo > 1:
             q_lo, q_start = hi - 1, end - 1
         if shared is None:
-            attn.append(ops.causal_attention(q[q_lo:hi], k_cache[:, :end], v_cache[:, :end],
-                                             q_start, s.attn_scale))
+            attn.append(row_ops.attention(q[q_lo:hi], k_cache, v_cache, end, q_start,
+                                          s.attn_scale))
         else:
             attn.append(prefixed_attention(q[q_lo:hi], *shared, k_cache[:, :end - base],
                                            v_cache[:, :end - base], q_start, s.attn_scale))
@@ -63,7 +65,7 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
         x = np.concatenate([x[lo:hi] for lo, hi in kept])
     a = attn[0] if len(attn) == 1 else np.concatenate(attn)
     h = x + linear(a, blk.wo)
-    f = ops.rms_norm(h, blk.ffn_norm, s.eps)
+    f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
     return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
 
 
@@ -171,8 +173,8 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
                                lambda j, i=i: cache.k[slots[j], i],
                                lambda j, i=i: cache.v[slots[j], i],
                                i == last, backend._round_f16,
-                               lambda j, i=i: cache.prefix(slots[j], i))
-    hidden = ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
+                               lambda j, i=i: cache.prefix(slots[j], i), backend.row_ops)
+    hidden = backend.row_ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
     logits = linear(hidden, backend.embeddings)
     return [(hidden[j].copy(), logits[j].copy()) for j in range(len(items))]
 
@@ -212,6 +214,6 @@ def _fast_run(fast, state: FastBatchState, x: np.ndarray) -> np.ndarray:
     for i, blk in enumerate(fast.layers):
         x = run_block_segments(x, blk, s, cos, sin, segments,
                                lambda r, i=i: state.k[r, i], lambda r, i=i: state.v[r, i],
-                               i == last, False)
+                               i == last, False, row_ops=fast.row_ops)
     state.n = start + 1
-    return linear(ops.rms_norm(x, fast.norm, s.eps), fast.output)
+    return linear(fast.row_ops.rms_norm(x, fast.norm, s.eps), fast.output)

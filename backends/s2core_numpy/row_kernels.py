@@ -1,0 +1,128 @@
+"""numba kernels for the small operations between the products: attention of one query row
+over the cache, and RMSNorm.
+
+Why: a decode step's products stream the weights at close to memory speed, and what runs
+between them was a tenth of the step. In a real-size step (36 layers, 256 cached positions)
+attention took ~200 us a layer as NumPy runs it (two batched BLAS products on 8 heads of
+4 x 128 x 256, a softmax over temporaries), for 2 MB of K/V and 2 million multiply-adds;
+RMSNorm ~30 us a call. BLAS's threads also spin after each product, on the cores the next
+product's threads need.
+
+Numbers: float32 throughout, as ops.py computes them; sums may be taken in another order
+(fastmath "reassoc" lets LLVM vectorize a dot product's reduction), so results agree with
+ops.py to float32 rounding. The one-row and the batched paths both call these, so a batched
+row keeps the numbers of the row alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .ops import RowOps
+from .stack import stack_array
+
+
+#: columns of V summed at once in registers (stack.py): 4 vectors of 16 float32
+_COLUMNS = 64
+
+
+@njit(inline="always")
+def _weighted_rows(weights, end, vh, out):
+    """out = sum_j weights[j] * vh[j] over j < end; vh (capacity, d). In blocks of _COLUMNS
+    columns whose sums stay in registers, the rest one column at a time."""
+    d = out.shape[0]
+    acc = stack_array(1, _COLUMNS, np.float32)[0]
+    for c in range(d // _COLUMNS):
+        for i in range(_COLUMNS):
+            acc[i] = 0.0
+        for j in range(end):
+            p, row = weights[j], vh[j, c * _COLUMNS:(c + 1) * _COLUMNS]
+            for i in range(_COLUMNS):
+                acc[i] += p * row[i]
+        for i in range(_COLUMNS):
+            out[c * _COLUMNS + i] = acc[i]
+    for i in range(d - d % _COLUMNS, d):
+        s = np.float32(0.0)
+        for j in range(end):
+            s += weights[j] * vh[j, i]
+        out[i] = s
+
+
+@njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def _attend_last(q, k, v, end, scale, out):
+    """out[h] = softmax(q[h] . k[hk, :end] * scale) @ v[hk, :end], hk = h // group: the
+    newest position's query heads over every cached position (all visible to it).
+    q, out (n_head, d); k, v (n_kv, capacity, d). One KV head (and its queries) per item:
+    its K and V (128 KB each at 256 positions) come from memory once and from L2 for the
+    group's other query heads."""
+    n_head, d = q.shape
+    n_kv = k.shape[0]
+    group = n_head // n_kv
+    for hk in prange(n_kv):
+        weights = np.empty(end, np.float32)
+        for h in range(hk * group, (hk + 1) * group):
+            top = np.float32(-np.inf)
+            for j in range(end):
+                s = np.float32(0.0)
+                for i in range(d):
+                    s += q[h, i] * k[hk, j, i]
+                s *= scale
+                weights[j] = s
+                top = max(top, s)
+            total = np.float32(0.0)
+            for j in range(end):
+                e = np.exp(weights[j] - top)
+                weights[j] = e
+                total += e
+            for j in range(end):
+                weights[j] /= total
+            _weighted_rows(weights, end, v[hk], out[h])
+
+
+def attend_last(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
+                scale: float) -> np.ndarray:
+    """ops.causal_attention for one query row at position end - 1: q (1, n_head, d); k_cache,
+    v_cache (n_kv, capacity, d) holding positions 0..end-1. Returns (1, n_head * d)."""
+    n, n_head, d = q.shape
+    out = np.empty((n_head, d), np.float32)
+    _attend_last(np.ascontiguousarray(q[0]), k_cache, v_cache, end, np.float32(scale), out)
+    return out.reshape(1, n_head * d)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _rms_norm(x, weight, eps, out):
+    n, dim = x.shape
+    for r in range(n):
+        ss = np.float32(0.0)
+        for i in range(dim):
+            ss += x[r, i] * x[r, i]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(dim) + eps)
+        for i in range(dim):
+            out[r, i] = x[r, i] * inv * weight[i]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """ops.rms_norm: x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    dim = x.shape[-1]
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, dim)
+    out = np.empty_like(rows)
+    _rms_norm(rows, weight, np.float32(eps), out)
+    return out.reshape(x.shape)
+
+
+class KernelOps(RowOps):
+    """RowOps with these kernels: RMSNorm always, attention for one query row (a decode step,
+    a Fast-AR call, the last row of a call that keeps only its last row)."""
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+        return rms_norm(x, weight, eps)
+
+    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
+                  q_start: int, scale: float) -> np.ndarray:
+        if q.shape[0] == 1 and q_start == end - 1:
+            return attend_last(q, k_cache, v_cache, end, scale)
+        return super().attention(q, k_cache, v_cache, end, q_start, scale)
+
+
+KERNEL_OPS = KernelOps()
