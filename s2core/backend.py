@@ -249,6 +249,15 @@ class Backend(ABC):
         Returns (state, logits after the last of them); `state` may be updated in place."""
         raise NotImplementedError
 
+    def fast_start(self, hidden: Any, codes: np.ndarray) -> tuple[Any, Any]:
+        """fast_begin(hidden), then fast_extend(state, codes) when there are codes: (state,
+        logits after the last position). A backend may run the positions together (NumPy:
+        the first call of a frame reads its weights once for both positions, not twice)."""
+        state, logits = self.fast_begin(hidden)
+        if len(codes):
+            state, logits = self.fast_extend(state, codes)
+        return state, logits
+
     @property
     def incremental_fast_decode(self) -> bool:
         return type(self).fast_begin is not Backend.fast_begin

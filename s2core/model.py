@@ -249,12 +249,11 @@ class SlowARModel:
         session, self._fast = self._fast, None  # stays dropped if the backend raises midway
         values = hidden if isinstance(hidden, np.ndarray) else self.backend.to_numpy(hidden)
         if session is None or not session.continues(values, codes):
-            state, logits = self.backend.fast_begin(hidden)
+            state, logits = self.backend.fast_start(hidden, codes)
             session = _FastSession(values, state)
-            if len(codes) == 0:
-                self._fast = session
-                return logits
-        session.state, logits = self.backend.fast_extend(session.state, codes[len(session.codes):])
+        else:
+            session.state, logits = self.backend.fast_extend(session.state,
+                                                             codes[len(session.codes):])
         session.codes = codes
         self._fast = session
         return logits

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.skipif(not plugin.numba_available(), reason="numba not 
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 IDS = [t.name.lower() for t in TYPES]
+#: the types with fused kernels (quant_kernels.FUSED): one, two and four rows
+K_QUANTS = [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K]
 
 
 def every_byte_blocks(qtype: QT, rows: int, blocks_per_row: int, seed: int) -> np.ndarray:
@@ -72,9 +74,9 @@ def test_row_lookup_decodes_exactly_the_rows_asked_for(packed):
 
 @pytest.mark.parametrize("n_rows", [1, 2, 3, 6, 40])
 def test_products_equal_the_float64_product_of_ggufs_weights(packed, n_rows):
-    """One row (the fused or decoding matvec), a few rows (in fours, one or two left over
-    going one at a time) and many (float32 W^T and sgemm): gguf's weights times x, up to
-    float32 summation order."""
+    """One row (the fused or decoding matvec), a few rows (in fours; two left over go to the
+    two-row kernel of the K-quants, one to the one-row kernel) and many (float32 W^T and
+    sgemm): gguf's weights times x, up to float32 summation order."""
     _, _, w, m = packed
     x = np.random.default_rng(n_rows).standard_normal((n_rows, w.shape[1]), dtype=np.float32)
     out = m(x)
@@ -82,6 +84,21 @@ def test_products_equal_the_float64_product_of_ggufs_weights(packed, n_rows):
     ref = x.astype(np.float64) @ w.astype(np.float64).T
     for r in range(n_rows):  # row by row: no row may hide in another's norm
         assert rel_err(out[r], ref[r]) < 1e-5
+
+
+@pytest.mark.parametrize("n_rows", [2, 6])
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=[t.name.lower() for t in K_QUANTS])
+def test_two_rows_of_the_k_quants_are_the_one_row_products_bit_for_bit(qtype, n_rows):
+    """The two-row kernel of the K-quants (a frame's first Fast-AR call, a batch of two)
+    sums each row exactly as the one-row kernel does: a row's numbers do not depend on its
+    neighbour. (The other types' rows go one at a time.)"""
+    from s2core_numpy.quants import QuantMatrix
+    m = QuantMatrix.from_raw(every_byte_blocks(qtype, 128, 4, seed=5)[:100], qtype)
+    x = np.random.default_rng(7).standard_normal((n_rows, m.shape[1]), dtype=np.float32)
+    together = m(x)
+    for r in range(n_rows - 2, n_rows):
+        np.testing.assert_array_equal(together[r].view(np.uint32),
+                                      m(x[r:r + 1])[0].view(np.uint32))
 
 
 def test_the_blocks_cover_every_byte_value():

@@ -277,13 +277,14 @@ class NumpyBackend(Backend):
 
     # ---------------------------------------------------------------- Fast-AR
     def fast_decode(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:
-        state, logits = self.fast_begin(hidden)
-        if len(prefix_codes):
-            state, logits = self.fast_extend(state, prefix_codes)
-        return logits
+        return self.fast_start(hidden, prefix_codes)[1]
 
     def fast_begin(self, hidden: np.ndarray) -> tuple["FastState", np.ndarray]:
-        return self.fast.begin(np.asarray(hidden, dtype=np.float32))
+        return self.fast.start(np.asarray(hidden, dtype=np.float32), np.zeros(0, np.int64))
+
+    def fast_start(self, hidden: np.ndarray, codes: np.ndarray
+                   ) -> tuple["FastState", np.ndarray]:
+        return self.fast.start(np.asarray(hidden, dtype=np.float32), codes)
 
     def fast_extend(self, state: "FastState", codes: np.ndarray
                     ) -> tuple["FastState", np.ndarray]:
@@ -312,18 +313,25 @@ class FastDecoder:
         self.shape = f.stack
         self.capacity = f.context_length
 
-    def begin(self, hidden: np.ndarray) -> tuple[FastState, np.ndarray]:
-        """Position 0: project_in(hidden) or hidden."""
+    def start(self, hidden: np.ndarray, codes: np.ndarray) -> tuple[FastState, np.ndarray]:
+        """Position 0, project_in(hidden) or hidden, and the codes after it, in one run: a
+        frame's first call (one code) multiplies two rows by each weight as it streams past
+        (the few-row kernels) instead of reading every weight twice."""
         s = self.shape
         shape = (len(self.layers), s.n_head_kv, self.capacity, s.head_dim)
         state = FastState(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
         first = hidden[None, :]
         if self.project_in is not None:
             first = linear(first, self.project_in)
+        if len(codes):
+            first = np.concatenate([first, self._embed(codes)])
         return state, self._run(state, first)
 
     def extend(self, state: FastState, codes: np.ndarray) -> np.ndarray:
-        return self._run(state, gather(self.embeddings, np.asarray(codes, dtype=np.int64)))
+        return self._run(state, self._embed(codes))
+
+    def _embed(self, codes: np.ndarray) -> np.ndarray:
+        return gather(self.embeddings, np.asarray(codes, dtype=np.int64))
 
     def _run(self, state: FastState, x: np.ndarray) -> np.ndarray:
         s, start = self.shape, state.n

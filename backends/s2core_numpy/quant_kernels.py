@@ -419,12 +419,27 @@ def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn, cf, ahead):
                 hi += _u(q2 >> 4) * h2
                 plo[j] = lo + _u(q3 & 15) * a3
                 phi[j] = hi + _u(q3 >> 4) * h3
-        s = 2 * n
-        xa = xs[b * 16 + 2 * s] + xs[b * 16 + 2 * s + 1]
-        xz = xs[b * 16 + 2 * s + 2] + xs[b * 16 + 2 * s + 3]
-        for j in range(TILE):
-            acc[j] += (sc[s, j] * plo[j] + sc[s + 1, j] * phi[j]
-                       - (mn[s, j] * xa + mn[s + 1, j] * xz))
+        _q4_k_scaled(b, 2 * n, xs, sc, mn, plo, phi, acc)
+
+
+@njit(inline="always")
+def _q4_k_scaled(b, s, xs, sc, mn, plo, phi, acc):
+    """acc += sub-blocks s and s+1 of block b: their sums of q * x (plo, phi) scaled, less
+    their mins times their sums of x."""
+    xa = xs[b * 16 + 2 * s] + xs[b * 16 + 2 * s + 1]
+    xz = xs[b * 16 + 2 * s + 2] + xs[b * 16 + 2 * s + 3]
+    for j in range(TILE):
+        acc[j] = _scaled(_scaled(acc[j], sc[s, j], plo[j], mn[s, j], xa),
+                         sc[s + 1, j], phi[j], mn[s + 1, j], xz)
+
+
+@njit(inline="always")
+def _scaled(acc, scale, total, minimum, x_sum):
+    """acc + scale * total - minimum * x_sum, one product per step: each step is one fused
+    multiply-add whichever kernel it is in. (With two products in one sum LLVM picks which
+    of them to fuse, and it did not pick alike in the one- and two-row kernels.)"""
+    acc = acc + scale * total
+    return acc - minimum * x_sum
 
 
 @njit(inline="always")
@@ -450,7 +465,7 @@ def _groups(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes):
                        + f32(q[v + 10, j]) * y2) + f32(q[v + 11, j]) * y3)
                      + f32(q[v + 12, j]) * y4) + f32(q[v + 13, j]) * y5)
                    + f32(q[v + 14, j]) * y6) + f32(q[v + 15, j]) * y7)
-            acc[j] += sc[s, j] * (lo + hi) - mn[s, j] * xsg
+            acc[j] = _scaled(acc[j], sc[s, j], lo + hi, mn[s, j], xsg)
 
 
 @njit(parallel=True, cache=True, fastmath={"contract"})
@@ -483,10 +498,126 @@ def matvec_fused(kind, codes, x, xs, out):
             out[t * TILE + j] = acc[j]
 
 
+# -------------------------------------------------------------------------- two rows
+# The same kernels for two rows of x at once (the Fast-AR's first call of a frame runs two
+# positions; a batch of two sequences): each code is unpacked and converted once and feeds
+# both rows' chains, and the block is read from memory once. Each row is summed exactly as
+# the one-row kernel sums it (the same chains in the same order), so its numbers are the
+# one-row product's.
+
+@njit(inline="always")
+def _q4_k_block2(c, r0, b, x, xs, acc, p, sc, mn, cf, ahead):
+    """_q4_k_block for rows x[0] and x[1]: acc (2, TILE); p (4, TILE) scratch: the partial
+    sums of the low and high nibbles of row 0, then of row 1."""
+    base = b * 256
+    for n in range(4):
+        p[:] = 0.0
+        for l in range(0, 32, 4):
+            first = ahead + n * 36 + l + l // 8
+            prefetch_rows(cf, TILE, first, first + 5)
+            xb, row = base + n * 64 + l, r0 + 16 + n * 32 + l
+            a0, a1, a2, a3 = x[0, xb], x[0, xb + 1], x[0, xb + 2], x[0, xb + 3]
+            h0, h1, h2, h3 = x[0, xb + 32], x[0, xb + 33], x[0, xb + 34], x[0, xb + 35]
+            b0, b1, b2, b3 = x[1, xb], x[1, xb + 1], x[1, xb + 2], x[1, xb + 3]
+            g0, g1, g2, g3 = x[1, xb + 32], x[1, xb + 33], x[1, xb + 34], x[1, xb + 35]
+            for j in range(TILE):
+                q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
+                l0, l1, l2, l3 = _u(q0 & 15), _u(q1 & 15), _u(q2 & 15), _u(q3 & 15)
+                u0, u1, u2, u3 = _u(q0 >> 4), _u(q1 >> 4), _u(q2 >> 4), _u(q3 >> 4)
+                lo = p[0, j] + l0 * a0
+                hi = p[1, j] + u0 * h0
+                lo += l1 * a1
+                hi += u1 * h1
+                lo += l2 * a2
+                hi += u2 * h2
+                p[0, j] = lo + l3 * a3
+                p[1, j] = hi + u3 * h3
+                lo = p[2, j] + l0 * b0
+                hi = p[3, j] + u0 * g0
+                lo += l1 * b1
+                hi += u1 * g1
+                lo += l2 * b2
+                hi += u2 * g2
+                p[2, j] = lo + l3 * b3
+                p[3, j] = hi + u3 * g3
+        s = 2 * n
+        _q4_k_scaled(b, s, xs[0], sc, mn, p[0], p[1], acc[0])
+        _q4_k_scaled(b, s, xs[1], sc, mn, p[2], p[3], acc[1])
+
+
+@njit(inline="always")
+def _chains(f0, f1, f2, f3, f4, f5, f6, f7, x0, x1, x2, x3, x4, x5, x6, x7):
+    """One chain of eight multiply-adds, in the one-row kernel's order."""
+    return (((((((f0 * x0 + f1 * x1) + f2 * x2) + f3 * x3) + f4 * x4) + f5 * x5) + f6 * x6)
+            + f7 * x7)
+
+
+@njit(inline="always")
+def _groups2(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes):
+    """_groups for rows x[0] and x[1]; acc (2, TILE). Each code is converted once."""
+    f32 = np.float32
+    per = (nbytes + 15) // 16
+    for g in range(16):
+        prefetch_rows(cf, TILE, ahead + g * per, ahead + min((g + 1) * per, nbytes))
+        v, s, xb = g * 16, _sub_block(kind, g * 16), b * 256 + g * 16
+        a0, a1, a2, a3 = x[0, xb], x[0, xb + 1], x[0, xb + 2], x[0, xb + 3]
+        a4, a5, a6, a7 = x[0, xb + 4], x[0, xb + 5], x[0, xb + 6], x[0, xb + 7]
+        a8, a9, a10, a11 = x[0, xb + 8], x[0, xb + 9], x[0, xb + 10], x[0, xb + 11]
+        a12, a13, a14, a15 = x[0, xb + 12], x[0, xb + 13], x[0, xb + 14], x[0, xb + 15]
+        b0, b1, b2, b3 = x[1, xb], x[1, xb + 1], x[1, xb + 2], x[1, xb + 3]
+        b4, b5, b6, b7 = x[1, xb + 4], x[1, xb + 5], x[1, xb + 6], x[1, xb + 7]
+        b8, b9, b10, b11 = x[1, xb + 8], x[1, xb + 9], x[1, xb + 10], x[1, xb + 11]
+        b12, b13, b14, b15 = x[1, xb + 12], x[1, xb + 13], x[1, xb + 14], x[1, xb + 15]
+        m0, m1 = xs[0, b * 16 + g], xs[1, b * 16 + g]
+        for j in range(TILE):
+            f0, f1, f2, f3 = f32(q[v, j]), f32(q[v + 1, j]), f32(q[v + 2, j]), f32(q[v + 3, j])
+            f4, f5, f6, f7 = (f32(q[v + 4, j]), f32(q[v + 5, j]), f32(q[v + 6, j]),
+                              f32(q[v + 7, j]))
+            f8, f9, f10, f11 = (f32(q[v + 8, j]), f32(q[v + 9, j]), f32(q[v + 10, j]),
+                                f32(q[v + 11, j]))
+            f12, f13, f14, f15 = (f32(q[v + 12, j]), f32(q[v + 13, j]), f32(q[v + 14, j]),
+                                  f32(q[v + 15, j]))
+            row0 = (_chains(f0, f1, f2, f3, f4, f5, f6, f7, a0, a1, a2, a3, a4, a5, a6, a7)
+                    + _chains(f8, f9, f10, f11, f12, f13, f14, f15,
+                              a8, a9, a10, a11, a12, a13, a14, a15))
+            row1 = (_chains(f0, f1, f2, f3, f4, f5, f6, f7, b0, b1, b2, b3, b4, b5, b6, b7)
+                    + _chains(f8, f9, f10, f11, f12, f13, f14, f15,
+                              b8, b9, b10, b11, b12, b13, b14, b15))
+            acc[0, j] = _scaled(acc[0, j], sc[s, j], row0, mn[s, j], m0)
+            acc[1, j] = _scaled(acc[1, j], sc[s, j], row1, mn[s, j], m1)
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def matvec2_fused(kind, codes, x, xs, out):
+    """out[r] = W x[r] for the two rows of x (2, in) (FUSED types); xs (2, in / 16)."""
+    n_tiles, n_blocks, nbytes, _ = codes.shape
+    c = codes.reshape(n_tiles * n_blocks * nbytes, TILE)
+    cf = codes.reshape(-1)
+    for t in prange(n_tiles):
+        acc = stack_array(2, TILE, np.float32)
+        acc[:] = 0.0
+        q = stack_array(256, TILE, np.int8)
+        p = stack_array(4, TILE, np.float32)
+        sc, mn = stack_array(18, TILE, np.float32), stack_array(16, TILE, np.float32)
+        bits = stack_tile(np.uint32)
+        for b in range(n_blocks):
+            r0 = (t * n_blocks + b) * nbytes
+            ahead = r0 + AHEAD * nbytes
+            _scales(kind, c, r0, bits, sc, mn)
+            if kind == Q4_K:
+                _q4_k_block2(c, r0, b, x, xs, acc, p, sc, mn, cf, ahead)
+            else:
+                _codes(kind, c, r0, q)
+                _groups2(kind, q, b, x, xs, acc, sc, mn, cf, ahead, nbytes)
+        for j in range(TILE):
+            out[0, t * TILE + j] = acc[0, j]
+            out[1, t * TILE + j] = acc[1, j]
+
+
 FUSED = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
 
 
 def sub_block_sums(kind: int, x: np.ndarray) -> np.ndarray:
-    """What the fused kernel needs besides x: its sums over each 16 values (the minimum
+    """What the fused kernels need besides x (one row, or rows): its sums over each 16 values (the minimum
     terms of Q2_K/Q4_K/Q5_K; Q3_K's and Q6_K's are multiplied by zero)."""
-    return x.reshape(-1, 16).sum(axis=1, dtype=np.float32)
+    return x.reshape(*x.shape[:-1], -1, 16).sum(axis=-1, dtype=np.float32)

@@ -54,15 +54,21 @@ class QuantMatrix(TiledMatrix):
             k.matvec_decoded(self.kind, self.codes, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        """Rows in fours (the four-row kernel); one or two rows left go one at a time, which
-        costs less than padding them to four (one Q4_K row of 9728 x 2560: 0.4-0.5 ms, four
-        rows at once 1.0-1.2 ms), three are padded to four."""
+        """Rows in fours (the four-row kernel), three padded to four; two rows left go to the
+        two-row kernel of the FUSED types, one row to the one-row kernel (padding them to
+        four costs more: one Q4_K row of 9728 x 2560 0.4-0.5 ms, four rows 1.0-1.2 ms)."""
         from .fewrows import padded  # zero rows up to a multiple of four (fewrows.py)
         n = x.shape[0]
         fours = n if n % 4 == 3 else n - n % 4
         if fours:
             padded(k.matmul_decoded, (self.kind, self.codes), x[:fours], out[:fours], 4)
-        for r in range(fours, n):
+        r = fours
+        if n - r == 2 and self.kind in k.FUSED:
+            pair = np.ascontiguousarray(x[r:])
+            k.matvec2_fused(self.kind, self.codes, pair, k.sub_block_sums(self.kind, pair),
+                            out[r:])
+            r = n
+        for r in range(r, n):
             self._matvec(np.ascontiguousarray(x[r]), out[r])
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:
