@@ -185,6 +185,21 @@ def test_row_kernels_attention_equals_a_float64_reference(n_head, n_kv, d, end):
 
 
 @numba_only
+@pytest.mark.parametrize("n,heads,d", [(1, 32, 128), (3, 2, 8)])
+def test_row_kernels_rope_is_numpys_bit_for_bit(n, heads, d):
+    """The rotation kernel does NumPy's float32 operations, one by one; also on the strided
+    views a projection hands it (q and k are column slices of one product)."""
+    from s2core_numpy import ops
+    from s2core_numpy.row_kernels import KERNEL_OPS
+    rng = np.random.default_rng(n)
+    qkv = rng.standard_normal((n, 2 * heads * d), dtype=np.float32)
+    x = qkv[:, heads * d:].reshape(n, heads, d)
+    cos, sin = ops.rope_tables(np.arange(40, 40 + n), d, 1e6)
+    np.testing.assert_array_equal(KERNEL_OPS.rope(x, cos, sin).view(np.uint32),
+                                  ops.apply_rope(x, cos, sin).view(np.uint32))
+
+
+@numba_only
 @pytest.mark.parametrize("shape", [(1, 2560), (5, 7, 128), (3, 1)])
 def test_row_kernels_rms_norm_equals_a_float64_reference(shape):
     from s2core_numpy.row_kernels import KERNEL_OPS

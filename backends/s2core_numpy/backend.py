@@ -69,7 +69,7 @@ def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     if blk.q_norm is not None:
         q = row_ops.rms_norm(q, blk.q_norm, s.eps)
         k = row_ops.rms_norm(k, blk.k_norm, s.eps)
-    return ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin), v
+    return row_ops.rope(q, cos, sin), row_ops.rope(k, cos, sin), v
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int, q_start: int,

@@ -70,11 +70,15 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 class RowOps:
-    """The norm and the attention that a block runs, NumPy's (these); the backend with numba
-    uses row_kernels.KERNEL_OPS instead. Both compute the same float32 numbers up to rounding."""
+    """The norms, the rotation and the attention that a block runs, NumPy's (these); the
+    backend with numba uses row_kernels.KERNEL_OPS instead. Both compute the same float32
+    numbers up to rounding."""
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
         return rms_norm(x, weight, eps)
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        return apply_rope(x, cos, sin)
 
     def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
                   q_start: int, scale: float) -> np.ndarray:
