@@ -14,7 +14,12 @@ every step. A call's own K/V are used unrounded in that call (as s2.cpp: they ar
 float32 in the same graph) and rounded once the call's attention has read them.
 
 The Fast-AR keeps its K/V between the calls of one frame (fast_begin / fast_extend), so each
-call runs only its new position: matrix-vector products, which stream at memory speed.
+call runs only its new position: matrix-vector products, which stream at memory speed. A
+frame's first call (fast_start) runs position 0 and the first code together, two rows per
+weight read.
+
+With numba, the small operations between the products (attention of one row, RMSNorm, RoPE)
+are numba kernels too (row_kernels.py); ops.py holds the NumPy forms.
 """
 
 from __future__ import annotations
