@@ -105,7 +105,7 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     """One block over the rows x at positions start.. with the layer's cache (n_head_kv,
     capacity, head_dim) float32. last_only: only the last row's output is needed.
     on_workers: every product and the attention run on the workers (workers.py).
-    row_ops: the norms' and the attention's code (ops.RowOps)."""
+    row_ops: the norms', the rotation's and the attention's code (ops.RowOps)."""
     n = x.shape[0]
     end = start + n
     q, k, v = qkv_projection(x, blk, s, cos, sin, on_workers, row_ops)

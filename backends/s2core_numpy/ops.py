@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 
 
@@ -69,22 +72,22 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
 
 
+def cached_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
+                     q_start: int, scale: float) -> np.ndarray:
+    """causal_attention over cache positions 0..end-1 (k_cache, v_cache: (n_kv, capacity,
+    d))."""
+    return causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, scale)
+
+
+@dataclass(frozen=True)
 class RowOps:
-    """The norms, the rotation and the attention that a block runs, NumPy's (these); the
-    backend with numba uses row_kernels.KERNEL_OPS instead. Both compute the same float32
-    numbers up to rounding."""
+    """The norms, the rotation and the attention that a block runs: NumPy's (NUMPY_OPS), or
+    numba's where the backend has numba (row_kernels.KERNEL_OPS). Both compute the same
+    float32 numbers up to rounding."""
 
-    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        return rms_norm(x, weight, eps)
-
-    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        return apply_rope(x, cos, sin)
-
-    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
-                  q_start: int, scale: float) -> np.ndarray:
-        """causal_attention over cache positions 0..end-1 (k_cache, v_cache: (n_kv,
-        capacity, d))."""
-        return causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, scale)
+    rms_norm: Callable[[np.ndarray, np.ndarray, float], np.ndarray]    # (x, weight, eps)
+    rope: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]   # (x, cos, sin)
+    attention: Callable[..., np.ndarray]  # as cached_attention
 
 
-NUMPY_OPS = RowOps()
+NUMPY_OPS = RowOps(rms_norm, apply_rope, cached_attention)

@@ -397,8 +397,8 @@ def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn, cf, ahead):
     pass over the tile (measured 1.3-2x faster than one row per pass when the partial sums
     lived in memory), added to the partial sums one after another: a chain of fused
     multiply-adds, 10-15 % faster than summing the four products in pairs first (alternated
-    runs: 9728 x 2560 0.56-0.61 -> 0.50-0.51 ms). xs: sums of x over 16 values. Each of the 32 passes asks for 4-5 of the 144 rows of the block at row
-    `ahead` (prefetch.py)."""
+    runs: 9728 x 2560 0.56-0.61 -> 0.50-0.51 ms). xs: sums of x over 16 values. Each of the
+    32 passes asks for 4-5 of the 144 rows of the block at row `ahead` (prefetch.py)."""
     base = b * 256
     for n in range(4):  # 64 values: low nibbles sub-block 2n, high nibbles sub-block 2n+1
         plo[:] = 0.0
@@ -410,16 +410,23 @@ def _q4_k_block(c, r0, b, x, xs, acc, plo, phi, sc, mn, cf, ahead):
             a0, a1, a2, a3 = x[xb], x[xb + 1], x[xb + 2], x[xb + 3]
             h0, h1, h2, h3 = x[xb + 32], x[xb + 33], x[xb + 34], x[xb + 35]
             for j in range(TILE):
-                q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
-                lo = plo[j] + _u(q0 & 15) * a0
-                hi = phi[j] + _u(q0 >> 4) * h0
-                lo += _u(q1 & 15) * a1
-                hi += _u(q1 >> 4) * h1
-                lo += _u(q2 & 15) * a2
-                hi += _u(q2 >> 4) * h2
-                plo[j] = lo + _u(q3 & 15) * a3
-                phi[j] = hi + _u(q3 >> 4) * h3
+                q = (c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j])
+                _nibble_chains(plo, phi, j, q, (a0, a1, a2, a3), (h0, h1, h2, h3))
         _q4_k_scaled(b, 2 * n, xs, sc, mn, plo, phi, acc)
+
+
+@njit(inline="always")
+def _nibble_chains(plo, phi, j, q, low_x, high_x):
+    """plo[j] += the low nibbles of the four bytes q times low_x, phi[j] += their high
+    nibbles times high_x: two chains of fused multiply-adds, in input order."""
+    lo = plo[j] + _u(q[0] & 15) * low_x[0]
+    hi = phi[j] + _u(q[0] >> 4) * high_x[0]
+    lo += _u(q[1] & 15) * low_x[1]
+    hi += _u(q[1] >> 4) * high_x[1]
+    lo += _u(q[2] & 15) * low_x[2]
+    hi += _u(q[2] >> 4) * high_x[2]
+    plo[j] = lo + _u(q[3] & 15) * low_x[3]
+    phi[j] = hi + _u(q[3] >> 4) * high_x[3]
 
 
 @njit(inline="always")
@@ -520,26 +527,10 @@ def _q4_k_block2(c, r0, b, x, xs, acc, p, sc, mn, cf, ahead):
             h0, h1, h2, h3 = x[0, xb + 32], x[0, xb + 33], x[0, xb + 34], x[0, xb + 35]
             b0, b1, b2, b3 = x[1, xb], x[1, xb + 1], x[1, xb + 2], x[1, xb + 3]
             g0, g1, g2, g3 = x[1, xb + 32], x[1, xb + 33], x[1, xb + 34], x[1, xb + 35]
-            for j in range(TILE):
-                q0, q1, q2, q3 = c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j]
-                l0, l1, l2, l3 = _u(q0 & 15), _u(q1 & 15), _u(q2 & 15), _u(q3 & 15)
-                u0, u1, u2, u3 = _u(q0 >> 4), _u(q1 >> 4), _u(q2 >> 4), _u(q3 >> 4)
-                lo = p[0, j] + l0 * a0
-                hi = p[1, j] + u0 * h0
-                lo += l1 * a1
-                hi += u1 * h1
-                lo += l2 * a2
-                hi += u2 * h2
-                p[0, j] = lo + l3 * a3
-                p[1, j] = hi + u3 * h3
-                lo = p[2, j] + l0 * b0
-                hi = p[3, j] + u0 * g0
-                lo += l1 * b1
-                hi += u1 * g1
-                lo += l2 * b2
-                hi += u2 * g2
-                p[2, j] = lo + l3 * b3
-                p[3, j] = hi + u3 * g3
+            for j in range(TILE):  # the codes are converted once: LLVM merges the two
+                q = (c[row, j], c[row + 1, j], c[row + 2, j], c[row + 3, j])
+                _nibble_chains(p[0], p[1], j, q, (a0, a1, a2, a3), (h0, h1, h2, h3))
+                _nibble_chains(p[2], p[3], j, q, (b0, b1, b2, b3), (g0, g1, g2, g3))
         s = 2 * n
         _q4_k_scaled(b, s, xs[0], sc, mn, p[0], p[1], acc[0])
         _q4_k_scaled(b, s, xs[1], sc, mn, p[2], p[3], acc[1])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .ops import RowOps
+from .ops import RowOps, cached_attention
 from .stack import stack_array
 
 
@@ -130,21 +130,14 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
-class KernelOps(RowOps):
-    """RowOps with these kernels: RMSNorm and RoPE always, attention for one query row (a decode step,
-    a Fast-AR call, the last row of a call that keeps only its last row)."""
-
-    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-        return rms_norm(x, weight, eps)
-
-    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        return rope(x, cos, sin)
-
-    def attention(self, q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
-                  q_start: int, scale: float) -> np.ndarray:
-        if q.shape[0] == 1 and q_start == end - 1:
-            return attend_last(q, k_cache, v_cache, end, scale)
-        return super().attention(q, k_cache, v_cache, end, q_start, scale)
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int, q_start: int,
+              scale: float) -> np.ndarray:
+    """ops.cached_attention: with this kernel for one query row at the newest position (a
+    decode step, a Fast-AR call, the last row of a call that keeps only its last row)."""
+    if q.shape[0] == 1 and q_start == end - 1:
+        return attend_last(q, k_cache, v_cache, end, scale)
+    return cached_attention(q, k_cache, v_cache, end, q_start, scale)
 
 
-KERNEL_OPS = KernelOps()
+#: the block's norms, rotation and attention with these kernels
+KERNEL_OPS = RowOps(rms_norm, rope, attention)

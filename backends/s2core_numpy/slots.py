@@ -35,7 +35,7 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
     prefix_layer(i): None, or the (K, V) of this layer of the shared prefix segment i starts
     with: its n rows are positions [0, n), and its own cache holds positions n and later.
     last_only: only each segment's last row is returned (in segment order).
-    row_ops: the norms' and the attention's code, the single-sequence path's (ops.RowOps)."""
+    row_ops: the norms', rotation's and attention's code, as on the one-sequence path."""
     from .backend import qkv_projection  # the single-sequence projections, shared
 
     q, k, v = qkv_projection(x, blk, s, cos, sin, row_ops=row_ops)
