@@ -86,8 +86,13 @@ def test_every_result_has_sane_timings_and_ratios(quick_run):
                     "step_ratio_to_read_floor", "step_ratio_to_resident_floor",
                     "step_ratio_to_best", "step_effective_gbps", "prefill_tokens_per_s",
                     "prefill_gflops", "fast_ratio_to_floor", "fast_ratio_to_read_floor",
-                    "kv_cache_bytes", "child_read_gbps", "step_ratio_to_child_read_floor"):
+                    "kv_cache_bytes", "child_read_gbps", "step_ratio_to_child_read_floor",
+                    "step_ratio_to_sum_floor", "step_ratio_to_sum_floor_beside"):
             assert d[key] > 0, key
+        # the steps beside their own sum samples: as many as asked, each with its sample
+        beside = r["decode_beside"]
+        assert len(beside["step_ms"]) == len(beside["sum_gbps"]) == cfg["beside_steps"] > 0
+        assert min(beside["step_ms"]) > 0 and min(beside["sum_gbps"]) > 0
         assert d["step_ratio_to_best"] == pytest.approx(1.0)  # the only backend is the best
         mem = r["memory"]
         assert mem["after_load"]["rss"] > 0 and mem["end"]["peak"] >= mem["end"]["rss"] > 0

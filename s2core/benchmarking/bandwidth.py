@@ -77,7 +77,39 @@ def measure_bandwidth(size_mb: int = 512, reps: int = 5) -> Bandwidth:
 
 def _parallel_sum_gbps(values: np.ndarray, reps: int) -> float:
     """bytes / best time of summing `values`, split among one thread per usable core."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parts = np.array_split(values, max(1, cores or 1))
-    with ThreadPoolExecutor(len(parts)) as pool:
-        return values.nbytes / _best_s(lambda: list(pool.map(np.sum, parts)), reps) / 1e9
+    with SumProbe(values) as probe:
+        return values.nbytes / _best_s(probe.run, reps) / 1e9
+
+
+class SumProbe:
+    """The sum bandwidth, one sample at a time: for a figure taken right beside each timed
+    operation (the machine's speed moves between minutes here, and a floor measured minutes
+    away can be from a faster or slower moment)."""
+
+    def __init__(self, values: np.ndarray | int):
+        """values: the array to sum, or its size in MiB (a float32 array of ones)."""
+        if isinstance(values, int):
+            values = np.ones(values * MiB // 4, dtype=np.float32)
+        self.values = values
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count())
+        self._parts = np.array_split(values, max(1, cores or 1))
+        self._pool = ThreadPoolExecutor(len(self._parts))
+
+    def run(self) -> None:
+        list(self._pool.map(np.sum, self._parts))
+
+    def sample(self) -> float:
+        """GB/s of one sum of the whole array."""
+        t0 = time.perf_counter()
+        self.run()
+        return self.values.nbytes / (time.perf_counter() - t0) / 1e9
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+    def __enter__(self) -> "SumProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -31,6 +31,9 @@ class BenchConfig:
     context: int = 256
     steps: int = 20
     warmup_steps: int = 3
+    #: after the Fast-AR, decode steps each followed by one sample of the sum bandwidth: each
+    #: step against the floor of its own moment (the machine's speed moves between minutes)
+    beside_steps: int = 10
     prefill_tokens: int = 256
     #: timed prefills after one untimed warm-up prefill
     prefill_reps: int = 3
@@ -57,7 +60,7 @@ class BenchConfig:
     @classmethod
     def quick_run(cls, **overrides: Any) -> "BenchConfig":
         """A tiny run for tests and smoke checks: a 1-layer test-sized model, few repetitions."""
-        base = dict(layers=1, fast_layers=1, context=32, steps=5, warmup_steps=2,
+        base = dict(layers=1, fast_layers=1, context=32, steps=5, warmup_steps=2, beside_steps=2,
                     prefill_tokens=32, prefill_reps=2, fast_frames=2, phase_budget_s=10.0,
                     min_reps=2, child_timeout_s=300.0, bandwidth_mb=64, bandwidth_reps=3,
                     quick=True, types=QUICK_TYPES)
@@ -79,7 +82,8 @@ class BenchConfig:
     @property
     def kv_capacity(self) -> int:
         """Cache positions: the context plus every decode step, or the prefill, whichever is more."""
-        return max(self.prefill_tokens, self.context + self.warmup_steps + self.steps)
+        return max(self.prefill_tokens,
+                   self.context + self.warmup_steps + self.steps + self.beside_steps)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import resident
-from .bandwidth import measure_bandwidth
+from .bandwidth import SumProbe, measure_bandwidth
 from .timing import repeat
 
 
@@ -130,7 +130,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         out["context"] = model.n_past
         frame_rng = np.random.default_rng([spec["seed"], 3])
         frames = iter([semantic_frame(hp, frame_rng)
-                       for _ in range(spec["warmup_steps"] + spec["steps"])])
+                       for _ in range(spec["warmup_steps"] + spec["steps"]
+                                      + spec.get("beside_steps", 0))])
         last: dict[str, Any] = {}
 
         def step_once() -> None:
@@ -160,6 +161,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             out["fast"] = {"calls_per_frame": calls, **fast.as_dict()}
             _log(tag, f"Fast-AR frame ({calls} calls) {fast.stats()['median_ms']:.0f} ms")
         mem["end"] = resident.snapshot()  # its peak = the compute phases' peak (with the cache)
+        if spec.get("beside_steps"):
+            out["decode_beside"] = _steps_beside_sums(step_once, spec["beside_steps"])
         out["load_average_end"] = _load_average()
         model.close()
         # Bandwidth in this process, after its memory was measured: the memory state the
@@ -181,5 +184,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _steps_beside_sums(step_once, n: int) -> dict[str, list[float]]:
+    """n decode steps, each followed by one sum of 256 MiB (bandwidth.SumProbe): the step's
+    time and the sum bandwidth of the same moment."""
+    times, sums = [], []
+    with SumProbe(256) as probe:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step_once()
+            times.append((time.perf_counter() - t0) * 1e3)
+            sums.append(probe.sample())
+    return {"step_ms": times, "sum_gbps": sums}
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

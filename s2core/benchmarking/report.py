@@ -38,7 +38,7 @@ def decode_table(report: dict[str, Any]) -> list[str]:
     for r in report["results"]:
         m, d, dec = report["models"][r["weight_type"]], r.get("derived", {}), r.get("decode")
         if dec is None:
-            rows.append([r["weight_type"], r["backend"], "failed"] + [""] * 14)
+            rows.append([r["weight_type"], r["backend"], "failed"] + [""] * 15)
             continue
         rows.append([
             r["weight_type"], r["backend"], f"{dec['median_ms']:.1f}",
@@ -47,12 +47,14 @@ def decode_table(report: dict[str, Any]) -> list[str]:
             f"{m['step_floor_ms']:.1f}", f"{d['step_ratio_to_floor']:.2f}",
             f"{m['step_read_floor_ms']:.1f}", f"{d['step_ratio_to_read_floor']:.2f}",
             _fmt(d.get("step_ratio_to_sum_floor"), ".2f"),
+            _fmt(d.get("step_ratio_to_sum_floor_beside"), ".2f"),
             _fmt(d.get("step_ratio_to_resident_floor"), ".2f"),
             f"{d['step_ratio_to_best']:.2f}", f"{d['step_effective_gbps']:.1f}",
             _fmt(d.get("child_read_gbps"), ".1f"),
             f"{dec['cpu_per_wall']:.1f}", _percent(dec["others_cpu_share"])])
     return _table(["type", "backend", "step ms", "min-max", "IQR", "n", "floor ms", "x floor",
-                   "read floor", "x read floor", "x sum floor", "x own floor", "x best", "eff. GB/s",
+                   "read floor", "x read floor", "x sum floor", "x sum beside", "x own floor",
+                   "x best", "eff. GB/s",
                    "read GB/s here", "cores", "others"], rows)
 
 
@@ -157,7 +159,9 @@ def legend_lines() -> list[str]:
         "floor ms: file-type bytes of the Slow-AR layer matrices + tied embeddings / copy "
         "bandwidth; read floor: the same bytes / read bandwidth (a step only reads, and reading "
         "can stream faster than copying: the read floor is the stricter one); x sum floor: "
-        "against the same bytes / the sum bandwidth (issue 10's figure, the loosest)",
+        "against the same bytes / the sum bandwidth (issue 10's figure, the loosest); x sum "
+        "beside: the median of more steps (after the Fast-AR), each against the sum bandwidth "
+        "sampled right after it (the machine's speed moves between minutes)",
         "x own floor: against the bytes the backend really streams (after widening on load), "
         "at copy bandwidth",
         "x best: against the fastest backend on the same weight type",

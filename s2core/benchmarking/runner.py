@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,7 @@ def run_child(cfg: BenchConfig, backend: str, weight_type: str, path: str) -> di
     """Measure one backend on one file in a fresh process; its result, or why there is none."""
     spec = {"backend": backend, "weight_type": weight_type, "path": path, "seed": cfg.seed,
             "context": cfg.context, "steps": cfg.steps, "warmup_steps": cfg.warmup_steps,
+            "beside_steps": cfg.beside_steps,
             "prefill_tokens": cfg.prefill_tokens, "prefill_reps": cfg.prefill_reps,
             "fast_frames": cfg.fast_frames, "phase_budget_s": cfg.phase_budget_s,
             "min_reps": cfg.min_reps, "kv_capacity": cfg.kv_capacity, "threads": cfg.threads,
@@ -168,6 +170,11 @@ def derive(result: dict[str, Any], model: dict[str, Any], bw: dict[str, float]) 
         if "sum_gbps" in bw:  # issue 10's figure (bandwidth.py); older reports lack it
             d["step_sum_floor_ms"] = floor_ms(model["step_read_bytes"], bw["sum_gbps"])
             d["step_ratio_to_sum_floor"] = med / d["step_sum_floor_ms"]
+        beside = result.get("decode_beside")
+        if beside and beside["step_ms"]:  # each step against the sum sampled right after it
+            d["step_ratio_to_sum_floor_beside"] = statistics.median(
+                [t / floor_ms(model["step_read_bytes"], g)
+                 for t, g in zip(beside["step_ms"], beside["sum_gbps"])])
         d["step_effective_gbps"] = model["step_read_bytes"] / (med / 1e3) / 1e9
         if "bandwidth_in_child" in result:
             child_read = result["bandwidth_in_child"]["read_gbps"]
