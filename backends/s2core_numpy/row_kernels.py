@@ -23,61 +23,110 @@ from .ops import RowOps, cached_attention
 from .stack import stack_array
 
 
+#: query heads that share one pass over their KV head's K and V rows
+_HEADS = 4
 #: columns of V summed at once in registers (stack.py): 4 vectors of 16 float32
 _COLUMNS = 64
 
 
 @njit(inline="always")
-def _weighted_rows(weights, end, vh, out):
-    """out = sum_j weights[j] * vh[j] over j < end; vh (capacity, d). In blocks of _COLUMNS
-    columns whose sums stay in registers, the rest one column at a time."""
-    d = out.shape[0]
-    acc = stack_array(1, _COLUMNS, np.float32)[0]
-    for c in range(d // _COLUMNS):
-        for i in range(_COLUMNS):
-            acc[i] = 0.0
+def _four(first, group, g0):
+    """Query heads first + g0 .. first + g0 + 3, the ones past the group repeating its last
+    (computed and not stored)."""
+    last = first + group - 1
+    return (first + g0, min(first + g0 + 1, last), min(first + g0 + 2, last),
+            min(first + g0 + 3, last))
+
+
+@njit(inline="always")
+def _scores(q, k, hk, first, group, end, scale, w):
+    """w[g, j] = q[first + g] . k[hk, j] * scale: each key's row is read once for four
+    query heads."""
+    d = q.shape[1]
+    for g0 in range(0, group, _HEADS):
+        h0, h1, h2, h3 = _four(first, group, g0)
+        n = min(_HEADS, group - g0)
         for j in range(end):
-            p, row = weights[j], vh[j, c * _COLUMNS:(c + 1) * _COLUMNS]
-            for i in range(_COLUMNS):
-                acc[i] += p * row[i]
-        for i in range(_COLUMNS):
-            out[c * _COLUMNS + i] = acc[i]
-    for i in range(d - d % _COLUMNS, d):
-        s = np.float32(0.0)
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            for i in range(d):
+                key = k[hk, j, i]
+                s0 += q[h0, i] * key
+                s1 += q[h1, i] * key
+                s2 += q[h2, i] * key
+                s3 += q[h3, i] * key
+            w[g0, j] = s0 * scale
+            if n > 1:
+                w[g0 + 1, j] = s1 * scale
+            if n > 2:
+                w[g0 + 2, j] = s2 * scale
+            if n > 3:
+                w[g0 + 3, j] = s3 * scale
+
+
+@njit(inline="always")
+def _softmax(w, group, end):
+    for g in range(group):
+        top = np.float32(-np.inf)
         for j in range(end):
-            s += weights[j] * vh[j, i]
-        out[i] = s
+            top = max(top, w[g, j])
+        total = np.float32(0.0)
+        for j in range(end):
+            e = np.exp(w[g, j] - top)
+            w[g, j] = e
+            total += e
+        for j in range(end):
+            w[g, j] /= total
+
+
+@njit(inline="always")
+def _weighted_rows(w, vh, first, group, end, out):
+    """out[first + g] = sum_j w[g, j] * vh[j] over j < end; vh (capacity, d). Each row of V
+    is read once for four query heads, in blocks of _COLUMNS columns whose sums stay in
+    registers; the columns past the last block one at a time."""
+    d = out.shape[1]
+    acc = stack_array(_HEADS, _COLUMNS, np.float32)
+    for g0 in range(0, group, _HEADS):
+        n = min(_HEADS, group - g0)
+        for c in range(d // _COLUMNS):
+            acc[:] = 0.0
+            for j in range(end):
+                row = vh[j, c * _COLUMNS:(c + 1) * _COLUMNS]
+                p0 = w[g0, j]
+                p1 = w[g0 + 1, j] if n > 1 else np.float32(0.0)
+                p2 = w[g0 + 2, j] if n > 2 else np.float32(0.0)
+                p3 = w[g0 + 3, j] if n > 3 else np.float32(0.0)
+                for i in range(_COLUMNS):
+                    r = row[i]
+                    acc[0, i] += p0 * r
+                    acc[1, i] += p1 * r
+                    acc[2, i] += p2 * r
+                    acc[3, i] += p3 * r
+            for g in range(n):
+                for i in range(_COLUMNS):
+                    out[first + g0 + g, c * _COLUMNS + i] = acc[g, i]
+    for g in range(group):
+        for i in range(d - d % _COLUMNS, d):
+            s = np.float32(0.0)
+            for j in range(end):
+                s += w[g, j] * vh[j, i]
+            out[first + g, i] = s
 
 
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def _attend_last(q, k, v, end, scale, out):
     """out[h] = softmax(q[h] . k[hk, :end] * scale) @ v[hk, :end], hk = h // group: the
     newest position's query heads over every cached position (all visible to it).
-    q, out (n_head, d); k, v (n_kv, capacity, d). One KV head (and its queries) per item:
-    its K and V (128 KB each at 256 positions) come from memory once and from L2 for the
-    group's other query heads."""
-    n_head, d = q.shape
+    q, out (n_head, d); k, v (n_kv, capacity, d). One KV head (and its group of query heads)
+    per item; its K and V rows are each read once for four query heads (at 1500 positions:
+    0.41 -> 0.21 ms a layer against one head at a time, the same numbers)."""
+    n_head = q.shape[0]
     n_kv = k.shape[0]
     group = n_head // n_kv
     for hk in prange(n_kv):
-        weights = np.empty(end, np.float32)
-        for h in range(hk * group, (hk + 1) * group):
-            top = np.float32(-np.inf)
-            for j in range(end):
-                s = np.float32(0.0)
-                for i in range(d):
-                    s += q[h, i] * k[hk, j, i]
-                s *= scale
-                weights[j] = s
-                top = max(top, s)
-            total = np.float32(0.0)
-            for j in range(end):
-                e = np.exp(weights[j] - top)
-                weights[j] = e
-                total += e
-            for j in range(end):
-                weights[j] /= total
-            _weighted_rows(weights, end, v[hk], out[h])
+        w = np.empty((group, end), np.float32)
+        _scores(q, k, hk, hk * group, group, end, scale, w)
+        _softmax(w, group, end)
+        _weighted_rows(w, v[hk], hk * group, group, end, out)
 
 
 def attend_last(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
