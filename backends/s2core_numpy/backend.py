@@ -168,8 +168,8 @@ class NumpyBackend(Backend):
 
     @staticmethod
     def _row_ops(numba_kernels: bool) -> RowOps:
-        """The norms and the attention: numba's kernels (row_kernels.py) with the numba
-        matrices, NumPy's otherwise."""
+        """The norms, the rotation and the attention: numba's kernels (row_kernels.py) with
+        the numba matrices, NumPy's otherwise."""
         if not numba_kernels:
             return NUMPY_OPS
         from .row_kernels import KERNEL_OPS
