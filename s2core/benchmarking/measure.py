@@ -199,4 +199,3 @@ def _steps_beside_sums(step_once, n: int) -> dict[str, list[float]]:
 
 if __name__ == "__main__":
     sys.exit(main())
-
