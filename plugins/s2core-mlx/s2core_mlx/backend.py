@@ -203,6 +203,14 @@ class MlxBackend(Backend):
             mx.eval(logits, state.arrays())
         return state, logits
 
+    def fast_start(self, hidden: Any, codes: np.ndarray) -> tuple[FastState, mx.array]:
+        """Position 0 and the codes after it in one pass (a frame's first call: each weight
+        read once for both rows)."""
+        with mx.stream(self.stream):
+            state, logits = self.fast.start(_as_mx(hidden), codes)
+            mx.eval(logits, state.arrays())
+        return state, logits
+
     def fast_extend(self, state: FastState, codes: np.ndarray) -> tuple[FastState, mx.array]:
         """Only the new codes' positions are computed; the state's K/V stand for the rest.
         Returns a new state (the given one is not modified)."""

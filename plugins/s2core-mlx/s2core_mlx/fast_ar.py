@@ -68,6 +68,14 @@ class FastDecoder:
         """Position 0 only: the state after it and the logits of the first code (lazy)."""
         return self._run(self._first_row(hidden), None)
 
+    def start(self, hidden: mx.array, codes: np.ndarray) -> tuple[FastState, mx.array]:
+        """Position 0 and the codes after it in one run: the state and the logits after the
+        last (lazy)."""
+        x = self._first_row(hidden)
+        if len(codes):
+            x = mx.concatenate([x, self._code_rows(codes)])
+        return self._run(x, None)
+
     def extend(self, state: FastState, codes: np.ndarray) -> tuple[FastState, mx.array]:
         """The positions of `codes` after those in `state`: a new state (the old one is left
         as it was) and the logits after the last code (lazy)."""

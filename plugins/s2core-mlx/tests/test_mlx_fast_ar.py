@@ -30,11 +30,16 @@ class Spy:
     def __init__(self, monkeypatch, backend):
         self.calls: list[tuple[str, int, int]] = []  # (hook, positions before, after)
         self.rows: list[int] = []  # rows of x entering each Fast-AR layer
-        begin, extend = backend.fast_begin, backend.fast_extend
+        begin, start, extend = backend.fast_begin, backend.fast_start, backend.fast_extend
 
         def spy_begin(hidden):
             state, logits = begin(hidden)
             self.calls.append(("begin", 0, state.n_positions))
+            return state, logits
+
+        def spy_start(hidden, codes):
+            state, logits = start(hidden, codes)
+            self.calls.append(("start", 0, state.n_positions))
             return state, logits
 
         def spy_extend(state, codes):
@@ -44,6 +49,7 @@ class Spy:
             return new, logits
 
         monkeypatch.setattr(backend, "fast_begin", spy_begin)
+        monkeypatch.setattr(backend, "fast_start", spy_start)
         monkeypatch.setattr(backend, "fast_extend", spy_extend)
         inner = fast_ar.attention_inputs
 
@@ -68,8 +74,8 @@ def test_a_frame_reuses_the_state(monkeypatch, config, weight_type):
             out = m.fast_decode(h, codes[:n])
             full = np.array(m.backend.fast_decode(h, codes[:n]))  # from scratch, not spied
             assert rel_err(out, full) < SAME, f"prefix {n}"
-        # One begin, then one extend per code: each adds exactly one position.
-        assert spy.calls == [("begin", 0, 1)] + [("extend", n, n + 1)
+        # One start (position 0 alone), then one extend per code: each adds one position.
+        assert spy.calls == [("start", 0, 1)] + [("extend", n, n + 1)
                                             for n in range(1, hp.num_codebooks)]
         # Each incremental call ran every layer on its one new row; the from-scratch calls
         # (interleaved) ran on n + 1 rows.
@@ -124,8 +130,29 @@ def test_native_hidden_continues_the_frame(monkeypatch):
         r2 = m.step([m.hparams.semantic_begin_id] + [1] * m.hparams.num_codebooks)
         m.fast_decode_native(r2.hidden_native, [])
         m.fast_decode_native(r2.hidden_native, [4])
-        assert [c[0] for c in spy.calls] == ["begin", "extend", "extend", "extend",
-                                             "begin", "extend"]
+        assert [c[0] for c in spy.calls] == ["start", "extend", "extend", "extend",
+                                             "start", "extend"]
+
+
+@pytest.mark.parametrize("config,weight_type", CASES)
+def test_a_frame_that_starts_with_a_code_runs_both_positions_in_one_pass(monkeypatch, config,
+                                                                          weight_type):
+    """The generation loop's first call of a frame has one code: position 0 and that code
+    go through the layers together (each weight read once for both rows), with fast_decode's
+    numbers, and the frame goes on from there."""
+    with s2core.load(kit_model(config, weight_type), backend="mlx") as m, \
+            monkeypatch.context() as patch:
+        hp = m.hparams
+        spy = Spy(patch, m.backend)
+        rng = np.random.default_rng(5)
+        h = rng.standard_normal(hp.dim).astype(np.float32)
+        codes = rng.integers(0, hp.codebook_size, 3)
+        for n in (1, 2, 3):
+            out = m.fast_decode(h, codes[:n])
+            assert rel_err(out, np.array(m.backend.fast_decode(h, codes[:n]))) < SAME, n
+        assert spy.calls == [("start", 0, 2), ("extend", 2, 3), ("extend", 3, 4)]
+        n_layer = hp.fast.n_layer
+        assert spy.rows[:n_layer] == [2] * n_layer  # both positions in one pass
 
 
 def test_incremental_frame_matches_recompute_on_s2_shaped_layers(tmp_path):
