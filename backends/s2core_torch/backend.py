@@ -277,12 +277,8 @@ class TorchBackend(Backend):
         return self.fast.advance(state, self._fast_first(hidden), self._fast_codes(prefix_codes),
                                  self.matmul, self.output_product)
 
-    @torch.inference_mode()
     def fast_begin(self, hidden: Any) -> tuple[FastState, torch.Tensor]:
-        state = self.fast.new_state(self.attention_dtype)
-        logits = self.fast.advance(state, self._fast_first(hidden), None, self.matmul,
-                                   self.output_product)
-        return state, logits
+        return self.fast_start(hidden, np.zeros(0, np.int64))
 
     @torch.inference_mode()
     def fast_start(self, hidden: Any, codes: np.ndarray) -> tuple[FastState, torch.Tensor]:

@@ -198,10 +198,7 @@ class MlxBackend(Backend):
         return logits
 
     def fast_begin(self, hidden: Any) -> tuple[FastState, mx.array]:
-        with mx.stream(self.stream):
-            state, logits = self.fast.begin(_as_mx(hidden))
-            mx.eval(logits, state.arrays())
-        return state, logits
+        return self.fast_start(hidden, np.zeros(0, np.int64))
 
     def fast_start(self, hidden: Any, codes: np.ndarray) -> tuple[FastState, mx.array]:
         """Position 0 and the codes after it in one pass (a frame's first call: each weight

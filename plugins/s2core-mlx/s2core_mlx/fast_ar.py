@@ -64,13 +64,9 @@ class FastDecoder:
             x = mx.concatenate([x, self._code_rows(prefix_codes)], axis=0)
         return self._run(x, None)[1]
 
-    def begin(self, hidden: mx.array) -> tuple[FastState, mx.array]:
-        """Position 0 only: the state after it and the logits of the first code (lazy)."""
-        return self._run(self._first_row(hidden), None)
-
     def start(self, hidden: mx.array, codes: np.ndarray) -> tuple[FastState, mx.array]:
-        """Position 0 and the codes after it in one run: the state and the logits after the
-        last (lazy)."""
+        """Position 0 and the codes after it (none: position 0 only) in one run: the state and
+        the logits after the last (lazy)."""
         x = self._first_row(hidden)
         if len(codes):
             x = mx.concatenate([x, self._code_rows(codes)])
