@@ -180,7 +180,7 @@ def kernel_check(device: str) -> list[dict]:
 def kernel_rows(device: str, rows: int, cols: int, timed: bool) -> list[dict]:
     import gguf
     import torch
-    from s2core.gguf_blocks import block_shape, random_blocks
+    from s2core.gguf.blocks import block_shape, random_blocks
     from s2core_torch import triton_kernels as tk
 
     dev = torch.device(device)
@@ -262,8 +262,8 @@ def sdpa_kernels(device: str, dtypes: list[str]) -> list[dict]:
 def time_backend(path: Path, backend: str, options: dict, n_prefill: int, n_steps: int,
                  bandwidth_gbps: float | None = None) -> dict:
     import s2core
-    from s2core.memory import DTYPE_BYTES, resident_weight_bytes
-    from s2core.testing.prompts import mixed_prompt, semantic_frame
+    from s2core.runtime.memory import DTYPE_BYTES, resident_weight_bytes
+    from s2core.kit.prompts import mixed_prompt, semantic_frame
 
     device = options.get("device", "cpu")
     sync = _synchronizer(device)

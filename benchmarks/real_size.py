@@ -48,8 +48,8 @@ from s2core.benchmarking.models import (RANDOM_BLOCK_TYPES, WriteProgress,  # no
 from s2core.benchmarking.workload import account, floor_ms  # noqa: E402
 from s2core.embedded.cache import cached_model  # noqa: E402
 from s2core.embedded.writer import s2pro_hparams  # noqa: E402
-from s2core.gguf_file import ModelFile  # noqa: E402
-from s2core.testing.prompts import mixed_prompt, semantic_frame  # noqa: E402
+from s2core.modelfile.file import ModelFile  # noqa: E402
+from s2core.kit.prompts import mixed_prompt, semantic_frame  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 import s2core
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 path, backend, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 m = s2core.load(path, backend=backend)
 hp, rng = m.hparams, np.random.default_rng(0)

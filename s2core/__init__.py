@@ -12,23 +12,23 @@ backend that needs it is chosen.
 
 from __future__ import annotations
 
-from .backend import Backend, Capabilities
-from .codec import Codec, CodecBackend, CodecCapabilities, StreamDecoder
-from .errors import (BackendRegistryError, BackendUnavailableError, CacheAllocationError,
+from s2core.contract.backend import Backend, Capabilities
+from s2core.codec import Codec, CodecBackend, CodecCapabilities, StreamDecoder
+from s2core.errors import (BackendRegistryError, BackendUnavailableError, CacheAllocationError,
                      CacheNotInitializedError, CacheOverflowError, ModelBusyError,
                      ModelClosedError, FileFormatError, InvalidInputError, InvalidTokensError,
                      ModelFileError, PrefixFileError, PrefixMismatchError, S2CoreError,
                      TokenizerError, VoiceFileError)
-from .gguf_file import ModelFile
-from .hparams import FastHparams, Hparams
-from .inputs import EvalBatch
-from .loading import default_backend, load, load_codec
-from .model import Result, SlowARModel
-from .prefix import KVPrefix, ModelIdentity
-from .registry import BackendInfo, get_registry
-from .text.tokenizer import Tokenizer
+from s2core.modelfile.file import ModelFile
+from s2core.modelfile.hparams import FastHparams, Hparams
+from s2core.contract.inputs import EvalBatch
+from s2core.runtime.loading import default_backend, load, load_codec
+from s2core.runtime.model import Result, SlowARModel
+from s2core.runtime.prefix import KVPrefix, ModelIdentity
+from s2core.contract.registry import BackendInfo, get_registry
+from s2core.text.tokenizer import Tokenizer
 
-__version__ = "0.1.0"
+from s2core.version import __version__
 
 __all__ = [
     "load", "list_backends", "default_backend", "SlowARModel", "Result", "Backend",

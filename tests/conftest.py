@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from s2core.cli import main
+from s2core.cli.main import main
 from s2core.embedded.writer import tiny_hparams, write_model
 
 DATA = Path(__file__).parent / "data"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from s2core.backend import Capabilities
-from s2core.chunking import chunk_bounds, prefill_chunk_size
+from s2core.contract.backend import Capabilities
+from s2core.runtime.chunking import chunk_bounds, prefill_chunk_size
 from s2core.errors import InvalidInputError
 
 CPU = Capabilities(device="cpu")

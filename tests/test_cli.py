@@ -6,7 +6,7 @@ import json
 import subprocess
 
 
-from s2core.cli import main
+from s2core.cli.main import main
 from s2core.testing.commands import s2core_executable
 
 
@@ -32,9 +32,9 @@ def test_info_shows_per_type_kept_or_widened_and_bytes_held(capsys):
     """A mixed q4_k_m file: each backend's line per tensor type says kept or widened and the
     bytes held, which are the file's for a kept type and the widened type's for the rest."""
     import s2core
-    from s2core.gguf_file import ModelFile
+    from s2core.modelfile.file import ModelFile
     from s2core.kit.models import kit_model
-    from s2core.memory import holdings
+    from s2core.runtime.memory import holdings
     path = kit_model("mha-k", "q4_k_m")
     assert main(["info", str(path)]) == 0
     out = capsys.readouterr().out

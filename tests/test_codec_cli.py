@@ -1,4 +1,4 @@
-"""s2core.audio (read, write, resample) and the `s2core decode` / `s2core encode` commands,
+"""s2core.codec.audio (read, write, resample) and the `s2core decode` / `s2core encode` commands,
 run through the real entry point on the shared example codec."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.audio import AudioFileError, _read_pcm_wav, read_audio, read_for_codec, resample, write_wav
-from s2core.cli import main
+from s2core.codec.audio import AudioFileError, _read_pcm_wav, read_audio, read_for_codec, resample, write_wav
+from s2core.cli.main import main
 from s2core.kit.codec_models import example_codes_audio, example_path
 
 

@@ -17,14 +17,14 @@ from gguf import GGMLQuantizationType as QT
 import s2core
 from s2core.codec import CodecFile
 from s2core.codec.hparams import CodecHparams
-from s2core.codec.selection import choose_codec_backend
+from s2core.runtime.codec_selection import choose_codec_backend
 from s2core.embedded.codec_writer import (CODEC_ONLY_ARCH, FULL_ARCH, add_codec_metadata,
                                           codec_plan, codec_tensor_values, s2pro_codec_config,
                                           tiny_codec_config, write_codec, write_tensors)
 from s2core.embedded.writer import tiny_hparams, write_model
 from s2core.errors import BackendUnavailableError, InvalidInputError, ModelFileError
 from s2core.kit.codec_models import example_codes_audio, example_path
-from s2core.registry import BackendInfo, Registry
+from s2core.contract.registry import BackendInfo, Registry
 
 
 def write_variant(path, config=None, weight_type="f16", arch=CODEC_ONLY_ARCH, drop=(),
@@ -224,8 +224,8 @@ def test_load_codec_default_and_environment(monkeypatch):
 def test_registry_refuses_a_codec_class_of_the_wrong_kind(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "p_codec.py").write_text(textwrap.dedent("""
-        from s2core.plugin import BackendSpec, Probe, hookimpl
-        from s2core.backend import Capabilities
+        from s2core.contract.plugin_spec import BackendSpec, Probe, hookimpl
+        from s2core.contract.backend import Capabilities
         from s2core.codec import CodecCapabilities
 
         class NotACodec:

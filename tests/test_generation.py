@@ -7,9 +7,9 @@ import pytest
 
 import s2core
 from s2core.errors import CacheOverflowError, InvalidInputError, InvalidTokensError, S2CoreError
-from s2core.generation import (GenerationConfig, GenerationStats, Sampling, generate,
+from s2core.generation.loop import (GenerationConfig, GenerationStats, Sampling, generate,
                                sample_token, stream)
-from s2core.testing.prompts import mixed_prompt
+from s2core.kit.prompts import mixed_prompt
 from s2core.embedded.writer import tiny_hparams, write_model
 
 IM_END = 199  # a text id of the tiny model (semantic ids are 160..191)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from s2core import ModelFile, ModelFileError
-from s2core.hparams import GGUFKeyWarning
-from s2core.layout import expected_tensors
+from s2core.modelfile.hparams import GGUFKeyWarning
+from s2core.modelfile.layout import expected_tensors
 from s2core.embedded.writer import _add_metadata, random_weight, tiny_hparams, write_model
 
 
@@ -149,7 +149,7 @@ def test_bf16_raw_is_the_bit_pattern(tmp_path):
 def test_typed_metadata_access(tmp_path):
     """GGUFFile.get refuses a stored type other than the one asked for, never converts."""
     from gguf import GGUFValueType as VT
-    from s2core.gguf_file import GGUFFile
+    from s2core.modelfile.file import GGUFFile
     path = tmp_path / "typed.gguf"
     w = gguf.GGUFWriter(path, arch="fish-speech")
     w.add_uint32("a.count", 36)

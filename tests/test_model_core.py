@@ -9,8 +9,8 @@ import pytest
 
 import s2core
 from s2core import CacheNotInitializedError, InvalidInputError, S2CoreError, SlowARModel
-from s2core.gguf_file import ModelFile
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.modelfile.file import ModelFile
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core.embedded.writer import tiny_hparams, write_model
 from s2core_numpy.backend import NumpyBackend
 

@@ -25,10 +25,10 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 import s2core
 from s2core import (CacheNotInitializedError, CacheOverflowError, InvalidInputError,
                     ModelClosedError, S2CoreError)
-from s2core.generation import GenerationConfig, generate
+from s2core.generation.loop import GenerationConfig, generate
 from s2core.kit.models import CONFIGS, kit_model, kit_reference
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 HP = CONFIGS["gqa4"]
 RUNS = int(os.environ.get("S2CORE_STATEFUL_RUNS", "30"))

@@ -10,10 +10,10 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import s2core
-from s2core.batching import BatchedModel
+from s2core.serving.batching import BatchedModel
 from s2core.kit.batching_rules import voice_prefix
 from s2core.kit.models import CONFIGS, kit_model
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core_numpy import plugin
 from s2core_numpy.plugin import MAX_BATCH_SEQUENCES
 
@@ -90,8 +90,8 @@ def test_slots_in_one_voice_hold_its_prefix_once():
     voice hold its K/V once and only their own positions; a server sizes its slots so."""
     import tracemalloc
 
-    from s2core.generation import GenerationConfig
-    from s2core.memory import kv_cache_bytes
+    from s2core.generation.loop import GenerationConfig
+    from s2core.runtime.memory import kv_cache_bytes
     from s2core.serving import Server
 
     hp = CONFIGS["gqa4"]

@@ -15,12 +15,12 @@ from gguf import GGMLQuantizationType as QT
 
 import s2core
 from s2core.errors import InvalidInputError
-from s2core.gguf_blocks import NonFiniteScalesWarning
-from s2core.hparams import FastHparams
+from s2core.gguf.blocks import NonFiniteScalesWarning
+from s2core.modelfile.hparams import FastHparams
 from s2core.kit import BackendConformance
 from s2core.kit.models import kit_model
-from s2core.memory import backend_kv_cache_bytes
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.runtime.memory import backend_kv_cache_bytes
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core.embedded.writer import tiny_hparams, write_model
 from s2core_numpy import plugin, weights
 from s2core_numpy.backend import BlockWeights
@@ -414,7 +414,7 @@ def test_load_holds_about_the_expected_bytes(mid_models, weight_type):
     about what the backend holds, not that plus the file."""
     psutil = pytest.importorskip("psutil")
     written = mid_models[weight_type]
-    mf = s2core.gguf_file.ModelFile(written.path)
+    mf = s2core.modelfile.file.ModelFile(written.path)
     native = plugin.numba_available()
     held = 0
     for t in mf.model_tensors():

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import s2core
-from s2core.gguf_blocks import SCALE_FIELDS, NonFiniteScalesWarning, block_shape
+from s2core.gguf.blocks import SCALE_FIELDS, NonFiniteScalesWarning, block_shape
 from s2core.embedded.writer import write_model
 from s2core.kit.models import CONFIGS, kit_model
 from s2core.testing.blocks import random_blocks, set_scale
@@ -122,7 +122,7 @@ def test_a_non_finite_scale_is_refused_by_the_packer():
 @pytest.mark.parametrize("weight_type", ["q4_k_m", "q5_k_m", "q6_k", "q3_k", "q2_k"])
 def test_backend_keeps_every_tensor_in_its_own_type(weight_type):
     from s2core_numpy.quants import QuantMatrix
-    from s2core.gguf_file import ModelFile
+    from s2core.modelfile.file import ModelFile
     path = kit_model("mha-k", weight_type)
     mf = ModelFile(path)
     m = s2core.load(path, backend="numpy")

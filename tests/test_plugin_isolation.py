@@ -20,12 +20,12 @@ import pytest
 
 import s2core
 from s2core import BackendUnavailableError, InvalidInputError
-from s2core.loading import BackendFallbackWarning
-from s2core.registry import ENV_PLUGINS, Registry, get_registry
+from s2core.runtime.loading import BackendFallbackWarning
+from s2core.contract.registry import ENV_PLUGINS, Registry, get_registry
 
 HEADER = """
-from s2core.backend import Capabilities
-from s2core.plugin import BackendSpec, Option, Probe, hookimpl
+from s2core.contract.backend import Capabilities
+from s2core.contract.plugin_spec import BackendSpec, Option, Probe, hookimpl
 NUMPY = "s2core_numpy.backend:NumpyBackend"
 def ok_probe():
     return Probe(True, "ok", Capabilities(kv_cache_dtype="f32", native_weight_types=frozenset({"f32"})))

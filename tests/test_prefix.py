@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.backend import Backend
+from s2core.contract.backend import Backend
 from s2core.errors import PrefixFileError
-from s2core.gguf_file import ModelFile
+from s2core.modelfile.file import ModelFile
 from s2core.kit.conformance import assert_close
 from s2core.kit.models import CONFIGS, kit_model
 from s2core.kit.tolerances import output_tolerance
-from s2core.model import SlowARModel
-from s2core.prefix import KVPrefix, ModelIdentity
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.runtime.model import SlowARModel
+from s2core.runtime.prefix import KVPrefix, ModelIdentity
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core.embedded.writer import tiny_hparams, write_model
 from s2core_numpy.backend import NumpyBackend
 

@@ -10,7 +10,7 @@ import pytest
 
 import s2core
 from s2core.errors import BackendUnavailableError
-from s2core.registry import Registry
+from s2core.contract.registry import Registry
 
 
 @pytest.fixture
@@ -26,8 +26,8 @@ def make_plugin(folder, module: str, body: str) -> str:
 
 
 SPEC = """
-from s2core.plugin import BackendSpec, Probe, hookimpl
-from s2core.backend import Capabilities
+from s2core.contract.plugin_spec import BackendSpec, Probe, hookimpl
+from s2core.contract.backend import Capabilities
 
 def probe():
     {probe}
@@ -105,13 +105,13 @@ def test_a_duplicate_name_keeps_the_first_registration_and_lists_the_second(plug
 def test_broken_plugins_are_recorded_never_fatal(plugin_dir):
     make_plugin(plugin_dir, "p_import", "raise ImportError('needs libfoo')")
     make_plugin(plugin_dir, "p_hook", """
-        from s2core.plugin import hookimpl
+        from s2core.contract.plugin_spec import hookimpl
         @hookimpl
         def s2core_backends():
             raise RuntimeError('hook exploded')
         """)
     make_plugin(plugin_dir, "p_type", """
-        from s2core.plugin import hookimpl
+        from s2core.contract.plugin_spec import hookimpl
         @hookimpl
         def s2core_backends():
             return ["not a spec"]
@@ -133,7 +133,7 @@ def test_broken_plugins_are_recorded_never_fatal(plugin_dir):
 
 def test_backend_class_must_be_a_backend(plugin_dir):
     make_plugin(plugin_dir, "p_notbackend", """
-        from s2core.plugin import BackendSpec, Probe, hookimpl
+        from s2core.contract.plugin_spec import BackendSpec, Probe, hookimpl
         @hookimpl
         def s2core_backends():
             return [BackendSpec(name="wrong", backend_class="collections:OrderedDict",
@@ -146,7 +146,7 @@ def test_backend_class_must_be_a_backend(plugin_dir):
 
 def test_probes_run_lazily_and_once(plugin_dir):
     make_plugin(plugin_dir, "p_count", """
-        from s2core.plugin import BackendSpec, Probe, hookimpl
+        from s2core.contract.plugin_spec import BackendSpec, Probe, hookimpl
         CALLS = []
         def probe():
             CALLS.append(1)
@@ -170,6 +170,6 @@ def test_probes_run_lazily_and_once(plugin_dir):
 def test_import_s2core_imports_no_framework_and_runs_no_probe():
     code = ("import sys, s2core; "
             "heavy = [m for m in ('torch', 'mlx', 'mlx.core', 'matplotlib') if m in sys.modules]; "
-            "print(heavy); print(s2core.registry.get_registry()._specs is None)")
+            "print(heavy); print(s2core.contract.registry.get_registry()._specs is None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "True"]

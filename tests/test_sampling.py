@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from s2core.errors import InvalidInputError
-from s2core.generation import sample_token
-from s2core.sampling import candidates, check_logits
+from s2core.generation.loop import sample_token
+from s2core.generation.sampling import candidates, check_logits
 
 
 def spec6_reference(logits, top_k: int, top_p: float, temperature: float):

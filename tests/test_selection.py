@@ -7,10 +7,10 @@ import psutil
 import pytest
 
 import s2core
-from s2core.backend import Capabilities
-from s2core.gguf_file import ModelFile
-from s2core.registry import BackendInfo
-from s2core.selection import choose_backend
+from s2core.contract.backend import Capabilities
+from s2core.modelfile.file import ModelFile
+from s2core.contract.registry import BackendInfo
+from s2core.runtime.selection import choose_backend
 from s2core.embedded.writer import tiny_hparams, write_model
 
 
@@ -52,7 +52,7 @@ def test_equal_holdings_go_to_the_one_that_maps_the_file(files):
         mapped_weight_types=frozenset({"f32", "f16"})), "test")
     assert choose_backend([packer, mapper], files["f16"]) == "mapper"
     assert choose_backend([packer, mapper], files["f32"]) == "packer"
-    from s2core.memory import copied_weight_bytes
+    from s2core.runtime.memory import copied_weight_bytes
     assert copied_weight_bytes(files["f16"], mapper.capabilities) == 0
     assert copied_weight_bytes(files["f16"], packer.capabilities) == sum(
         t.n_bytes for t in files["f16"].model_tensors() if t.type_name == "f16")
@@ -93,7 +93,7 @@ def test_release_drops_copied_pages_but_keeps_the_data(tmp_path):
 
 
 def test_native_types_held_wider_than_the_file_count_as_held(files):
-    from s2core.memory import resident_weight_bytes
+    from s2core.runtime.memory import resident_weight_bytes
     mf = files["q8_0"]
     plain = Capabilities(native_weight_types=frozenset({"f32", "q8_0"}))
     wider = Capabilities(native_weight_types=frozenset({"f32", "q8_0"}),

@@ -1,4 +1,4 @@
-"""The core's side of batching (s2core.batching) and the scheduler (s2core.serving): their
+"""The core's side of batching (s2core.serving.batching) and the scheduler (s2core.serving): their
 checks, state after a failure, and the one-slot fallback. The numbers of every backend are
 the kit's (s2core/kit/batching.py)."""
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.batching import BatchedModel
+from s2core.serving.batching import BatchedModel
 from s2core.errors import CacheOverflowError, InvalidInputError, ModelBusyError
-from s2core.generation import GenerationConfig, generate
+from s2core.generation.loop import GenerationConfig, generate
 from s2core.kit.batching_rules import voice_prefix
 from s2core.serving import FAILED, Server, generate_many
-from s2core.testing.prompts import mixed_prompt
+from s2core.kit.prompts import mixed_prompt
 from s2core.embedded.writer import tiny_hparams
 
 IM_END = 199  # a text id of the tiny model (semantic ids are 160..191)
@@ -227,8 +227,8 @@ class _Limited:
 
 
 def _limited_model(path, limit=None):
-    from s2core.gguf_file import ModelFile
-    from s2core.model import SlowARModel
+    from s2core.modelfile.file import ModelFile
+    from s2core.runtime.model import SlowARModel
     mf = ModelFile(path)
     return SlowARModel(mf, _Limited(mf, limit))
 
@@ -239,7 +239,7 @@ def test_a_voice_beyond_the_memory_limit_is_refused_and_nothing_changes(tiny_mod
     bytes and the limit, and the slots, their n_past and K/V and the voice held are as they
     were and go on as before."""
     from s2core.errors import CacheAllocationError
-    from s2core.memory import backend_kv_cache_bytes
+    from s2core.runtime.memory import backend_kv_cache_bytes
 
     m = _limited_model(tiny_model)
     hp, caps = m.hparams, m.capabilities
@@ -314,7 +314,7 @@ def test_a_failed_voice_allocation_is_a_cache_allocation_error(tiny_model, monke
 def _two_voice_server_case(tiny_model, b_rows: int):
     """A model with memory for three slots and one voice of 10 positions; requests in voice
     a (10 positions), voice b (b_rows positions), voice a; each one's codes alone."""
-    from s2core.memory import backend_kv_cache_bytes
+    from s2core.runtime.memory import backend_kv_cache_bytes
 
     m = _limited_model(tiny_model)
     hp, caps = m.hparams, m.capabilities
@@ -377,7 +377,7 @@ def test_a_long_run_serves_more_voices_than_fit_at_once(tiny_model):
     """Seven requests, each in its own voice, two slots, memory for the slots and two voices:
     every request gives generate()'s codes, and the backend never holds more voices than
     the limit allows (the idle ones are released, least recently used first)."""
-    from s2core.memory import backend_kv_cache_bytes
+    from s2core.runtime.memory import backend_kv_cache_bytes
 
     m = _limited_model(tiny_model)
     hp, caps = m.hparams, m.capabilities
@@ -408,7 +408,7 @@ def test_a_long_run_serves_more_voices_than_fit_at_once(tiny_model):
 def _batched_with_room(tiny_model, n_slots, voice_positions, idle_voices=8):
     """A BatchedModel of n_slots 16-position slots on a backend with room for them and
     `voice_positions` voice positions; and three voices A, B (10 positions), C (12)."""
-    from s2core.memory import backend_kv_cache_bytes
+    from s2core.runtime.memory import backend_kv_cache_bytes
 
     m = _limited_model(tiny_model)
     hp, caps = m.hparams, m.capabilities

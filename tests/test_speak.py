@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.cli import main
+from s2core.cli.main import main
 from s2core.embedded.tokenizer import build_tokenizer_json
 from s2core.embedded.writer import demo_hparams, write_model
-from s2core.generation import GenerationConfig
-from s2core.speak import speak
+from s2core.generation.loop import GenerationConfig
+from s2core.speak.pipeline import speak
 from s2core.testing.commands import s2core_executable
 from s2core.text.tokenizer import Tokenizer
-from s2core.voices import VoiceLibrary
+from s2core.voice.library import VoiceLibrary
 
 HP = demo_hparams()
 TRANSCRIPT = "This is the voice the demo speaks with."

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.audio import WavWriter, read_audio, read_for_codec, write_wav
+from s2core.codec.audio import WavWriter, read_audio, read_for_codec, write_wav
 from s2core.embedded.codec_writer import tiny_codec_config
 from s2core.embedded.writer import demo_hparams, write_model
 from s2core.errors import InvalidInputError, ModelFileError
-from s2core.generation import GenerationConfig
-from s2core.speak import speak
-from s2core.speech import AudioOut, check_codec_fits
+from s2core.generation.loop import GenerationConfig
+from s2core.speak.pipeline import speak
+from s2core.speak.audio_out import AudioOut, check_codec_fits
 from s2core.testing.commands import s2core_executable
 from s2core.text.tokenizer import Tokenizer
-from s2core.voice import Voice
+from s2core.voice.file import Voice
 
 HP = demo_hparams()
 TRANSCRIPT = "This is the voice the demo speaks with."
@@ -122,7 +122,7 @@ def test_a_model_file_without_a_codec_says_so(tmp_path, assets, capsys):
     with pytest.raises(ModelFileError, match=r"holds no audio codec \(no fish_speech.codec.\* "
                                              r"keys, no c.\* tensors\)"):
         s2core.load_codec(path)
-    from s2core.cli import main
+    from s2core.cli.main import main
     assert main(["info", str(path)]) == 0
     assert "codec        none usable" in capsys.readouterr().out
     assert main(["info", str(assets / "model.gguf")]) == 0

@@ -1,6 +1,6 @@
 """One model object under threads, close(), and init_kv_cache that cannot be allocated.
 
-The guard (s2core/guard.py) is the core's, so every backend gets it; these tests run it on
+The guard (s2core/runtime/guard.py) is the core's, so every backend gets it; these tests run it on
 each built-in backend that is available here, since the reproducers differed by backend
 (NumPy and torch corrupted the cache, MLX crashed the process).
 """
@@ -23,8 +23,8 @@ import s2core
 from s2core import (CacheAllocationError, ModelBusyError, ModelClosedError, S2CoreError,
                     SlowARModel)
 from s2core.embedded.writer import tiny_hparams, write_model
-from s2core.generation import GenerationConfig, generate, stream
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.generation.loop import GenerationConfig, generate, stream
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 BACKENDS = ["numpy", "torch", "mlx"]
 HP = tiny_hparams()
@@ -246,7 +246,7 @@ def test_an_allocation_that_fails_in_the_backend_keeps_the_previous_cache(huge_c
     """A backend that states no limit: its own MemoryError becomes a CacheAllocationError
     naming the sizes, and (the backend building the new cache before dropping the old) the
     previous cache is still there."""
-    from s2core.gguf_file import ModelFile
+    from s2core.modelfile.file import ModelFile
     from s2core_numpy.backend import NumpyBackend
 
     class NoLimit(NumpyBackend):
@@ -299,7 +299,7 @@ def test_fast_decode_sees_a_native_hidden_changed_in_place(tiny_model, backend):
 MLX_STRESS = """
 import sys, threading, numpy as np, s2core
 from s2core.embedded.writer import tiny_hparams
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 hp = tiny_hparams(); rng = np.random.default_rng(0)
 prompt = mixed_prompt(hp, 10, rng); frames = [semantic_frame(hp, rng) for _ in range(30)]
 m = s2core.load(sys.argv[1], backend="mlx")

@@ -18,14 +18,14 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import s2core  # noqa: E402
-from s2core.chunking import CHUNK_BUDGET, CHUNK_MAX, CHUNK_MIN, prefill_chunk_size  # noqa: E402
+from s2core.runtime.chunking import CHUNK_BUDGET, CHUNK_MAX, CHUNK_MIN, prefill_chunk_size  # noqa: E402
 from s2core.errors import BackendUnavailableError, InvalidInputError  # noqa: E402
-from s2core.gguf_file import ModelFile  # noqa: E402
+from s2core.modelfile.file import ModelFile  # noqa: E402
 from s2core.kit.batching_rules import voice_prefix  # noqa: E402
 from s2core.kit.conformance import prompt_and_frames, rel_err  # noqa: E402
 from s2core.kit.models import kit_model, kit_reference  # noqa: E402
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance  # noqa: E402
-from s2core.testing.prompts import semantic_frame  # noqa: E402
+from s2core.kit.prompts import semantic_frame  # noqa: E402
 from s2core.embedded.writer import tiny_hparams, write_model  # noqa: E402
 from s2core_torch import ops, plugin, weights  # noqa: E402
 
@@ -417,9 +417,9 @@ def test_widened_tensors_release_their_pages_and_mapped_ones_do_not(big_table_mo
 
 _RSS_AFTER_LOAD = """
 import sys, psutil, s2core
-from s2core.gguf_file import ModelFile
+from s2core.modelfile.file import ModelFile
 from s2core.kit.models import kit_model
-from s2core.memory import resident_weight_bytes
+from s2core.runtime.memory import resident_weight_bytes
 from s2core_torch import weights
 path, release = sys.argv[1], sys.argv[2] == "1"
 weights._SLAB_ELEMENTS = 1 << 16  # small slabs: the allocator keeps no big temporaries
@@ -532,9 +532,9 @@ def test_slots_in_one_voice_hold_its_prefix_once():
     """Four slots that start with one voice reference one copy of its K/V (the same device
     storage, in the held cache type), each slot's cache holds only its own positions, so a
     slot reaches the voice's length + its capacity; a released voice's tensors are dropped."""
-    from s2core.batching import BatchedModel
-    from s2core.memory import backend_kv_cache_bytes
-    from s2core.testing.prompts import mixed_prompt
+    from s2core.serving.batching import BatchedModel
+    from s2core.runtime.memory import backend_kv_cache_bytes
+    from s2core.kit.prompts import mixed_prompt
 
     m = load("gqa4", "f16")
     hp, caps, be = m.hparams, m.capabilities, m.backend

@@ -23,13 +23,13 @@ torch = pytest.importorskip("torch")
 
 import s2core  # noqa: E402
 from s2core.errors import BackendUnavailableError, InvalidInputError  # noqa: E402
-from s2core.gguf_blocks import (QUANTIZED_TYPES, NonFiniteScalesWarning,  # noqa: E402
+from s2core.gguf.blocks import (QUANTIZED_TYPES, NonFiniteScalesWarning,  # noqa: E402
                                 non_finite_scale_blocks)
-from s2core.gguf_file import ModelFile  # noqa: E402
+from s2core.modelfile.file import ModelFile  # noqa: E402
 from s2core.kit.conformance import BackendConformance, prompt_and_frames, rel_err  # noqa: E402
 from s2core.kit.models import MATRIX, kit_model, kit_reference  # noqa: E402
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance  # noqa: E402
-from s2core.memory import copied_weight_bytes, resident_weight_bytes  # noqa: E402
+from s2core.runtime.memory import copied_weight_bytes, resident_weight_bytes  # noqa: E402
 from s2core.testing.blocks import random_blocks, set_scale  # noqa: E402
 from s2core_torch import dequant, plugin, quantized  # noqa: E402
 from s2core_torch.quantized import QuantizedMatrix  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 
 from s2core.embedded.writer import demo_hparams
 from s2core.errors import InvalidInputError, VoiceFileError
-from s2core.voice import Voice, parse_s2voice, read_s2voice, write_s2voice
-from s2core.voices import VoiceLibrary
+from s2core.voice.file import Voice, parse_s2voice, read_s2voice, write_s2voice
+from s2core.voice.library import VoiceLibrary
 
 
 def spec8_bytes(transcript: bytes, codes: np.ndarray, version: int = 1, rate: int = 44100,

@@ -25,14 +25,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from s2core.batching import BatchedModel
+from s2core.serving.batching import BatchedModel
 from s2core.errors import CacheAllocationError
-from s2core.gguf_file import ModelFile
+from s2core.modelfile.file import ModelFile
 from s2core.kit.models import CONFIGS, kit_model, kit_reference
 from s2core.kit.tolerances import kv_tolerance
-from s2core.memory import backend_kv_cache_bytes
-from s2core.model import SlowARModel
-from s2core.testing.prompts import mixed_prompt
+from s2core.runtime.memory import backend_kv_cache_bytes
+from s2core.runtime.model import SlowARModel
+from s2core.kit.prompts import mixed_prompt
 
 HP = CONFIGS["gqa4"]
 RUNS = int(os.environ.get("S2CORE_STATEFUL_RUNS", "30"))

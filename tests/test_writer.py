@@ -11,7 +11,7 @@ import pytest
 
 from conftest import S2CPP_VECTOR
 from s2core import ModelFile
-from s2core.layout import expected_tensors
+from s2core.modelfile.layout import expected_tensors
 from s2core.embedded.writer import (WEIGHT_TYPES, s2pro_hparams, tensor_type, tiny_hparams,
                                    write_model)
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from s2core.backend import Backend, Capabilities, check_option
+from s2core.plugin import Backend, Capabilities, check_option
 from s2core.errors import InvalidInputError
-from s2core.gguf_file import ModelFile
-from s2core.hparams import StackShape
-from s2core.inputs import EvalBatch
-from s2core.layout import load_block, load_fast_ar
+from s2core.plugin import ModelFile
+from s2core.plugin import StackShape
+from s2core.plugin import EvalBatch
+from s2core.plugin import load_block, load_fast_ar
 
 from . import ops
 from .ops import NUMPY_OPS, RowOps

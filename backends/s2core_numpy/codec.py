@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from s2core.codec.backend import CodecBackend, CodecCapabilities
-from s2core.codec.file import CodecFile
-from s2core.codec.streaming import DecodeState, HistoryPass
-from s2core.codec.layout import (Conv, ConvNeXt, ConvTranspose, ResidualUnit,
+from s2core.plugin import CodecBackend, CodecCapabilities
+from s2core.plugin import CodecFile
+from s2core.plugin import DecodeState, HistoryPass
+from s2core.plugin import (Conv, ConvNeXt, ConvTranspose, ResidualUnit,
                                  Transformer)
 
 from .plugin import numpy_codec_capabilities

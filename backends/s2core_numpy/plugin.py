@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from s2core.backend import Capabilities
-from s2core.codec.backend import CodecCapabilities
+from s2core.plugin import Capabilities
+from s2core.plugin import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "f32")
@@ -34,7 +34,7 @@ NUMBA_BLOCK_TYPES = frozenset({"q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_0", "
 NUMBA_TYPES = frozenset({"f16", "q8_0"}) | NUMBA_BLOCK_TYPES
 
 
-#: codec rank (s2core.codec.selection): above torch's CPU codec, whose measured share of the
+#: codec rank (s2core.runtime.codec_selection): above torch's CPU codec, whose measured share of the
 #: sgemm peak was lower with two threads here (see s2core_torch.plugin.CODEC_CPU_PRIORITY)
 CODEC_PRIORITY = 100
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import block_shape, non_finite_scale_blocks
+from s2core.plugin import block_shape, non_finite_scale_blocks
 
 from . import quant_kernels as k
 from .tiled import TILE, TiledMatrix, n_tiles

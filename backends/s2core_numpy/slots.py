@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from s2core.hparams import StackShape
-from s2core.inputs import EvalBatch
+from s2core.plugin import StackShape
+from s2core.plugin import EvalBatch
 
 from . import ops
 from .weights import gather, linear

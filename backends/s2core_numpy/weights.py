@@ -13,8 +13,8 @@ from typing import Any, Union
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import NonFiniteScalesWarning, non_finite_scale_blocks
-from s2core.gguf_file import ModelFile
+from s2core.plugin import NonFiniteScalesWarning, non_finite_scale_blocks
+from s2core.plugin import ModelFile
 
 from .plugin import NUMBA_BLOCK_TYPES, numba_available
 

@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from s2core.backend import Backend, Capabilities
-from s2core.gguf_file import ModelFile
-from s2core.hparams import StackShape
-from s2core.inputs import EvalBatch
-from s2core.layout import load_fast_ar
-from s2core.memory import available_host_memory_bytes
+from s2core.plugin import Backend, Capabilities
+from s2core.plugin import ModelFile
+from s2core.plugin import StackShape
+from s2core.plugin import EvalBatch
+from s2core.plugin import load_fast_ar
+from s2core.plugin import available_host_memory_bytes
 
 from . import ops, options
 from .kv_cache import KVCache, SharedPrefix, storage_dtype

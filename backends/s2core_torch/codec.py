@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from s2core.codec.backend import CodecBackend, CodecCapabilities
-from s2core.codec.file import CodecFile
-from s2core.codec.streaming import DecodeState, HistoryPass
-from s2core.codec.layout import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
+from s2core.plugin import CodecBackend, CodecCapabilities
+from s2core.plugin import CodecFile
+from s2core.plugin import DecodeState, HistoryPass
+from s2core.plugin import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
 
 from .options import _resolve_device
 from .plugin import torch_codec_capabilities

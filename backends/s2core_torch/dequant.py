@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import block_shape
+from s2core.plugin import block_shape
 
 QK_K = 256
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from s2core.backend import check_option
+from s2core.plugin import check_option
 from s2core.errors import BackendUnavailableError, InvalidInputError
 
 from .plugin import (CACHE_DTYPES, COMPUTE_DTYPES, ENV_DEVICE, ENV_DTYPE, ENV_QUANTIZED,

@@ -9,8 +9,8 @@ import os
 import re
 from pathlib import Path
 
-from s2core.backend import Capabilities
-from s2core.codec.backend import CodecCapabilities
+from s2core.plugin import Capabilities
+from s2core.plugin import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 ENV_DEVICE = "S2CORE_TORCH_DEVICE"
@@ -38,7 +38,7 @@ CUDA_PRIORITY = 300
 #: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster.
 CPU_PRIORITY = 90
 
-#: codec rank (s2core.codec.selection): on the CPU just below NumPy's codec, as measured with
+#: codec rank (s2core.runtime.codec_selection): on the CPU just below NumPy's codec, as measured with
 #: two threads on this project's shared 2-core machine (s2core bench --codec: NumPy's im2col +
 #: sgemm reached 41-48% of the sgemm measured beside it, torch 28-38%; torch led only
 #: single-threaded, 61% to 52%); on CUDA the Slow-AR's CUDA priority

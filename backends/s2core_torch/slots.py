@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from s2core.inputs import EvalBatch
+from s2core.plugin import EvalBatch
 
 from . import ops
 from .kv_cache import KVCache, SharedPrefix

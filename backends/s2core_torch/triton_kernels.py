@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import block_shape
+from s2core.plugin import block_shape
 
 #: the GGUF types the kernels decode (QTYPE is the type's GGML number)
 SUPPORTED_TYPES = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,

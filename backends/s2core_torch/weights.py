@@ -7,7 +7,7 @@ quantized="stored": a `QuantizedMatrix` of their raw blocks, on the CPU again th
 or dequantized on load, a slab of rows at a time so that not even one whole tensor sits in
 float32 on the host, into `widened_dtype` (f16 on the CPU, the compute dtype on CUDA). A
 quantized tensor with an infinite or NaN scale is widened even when kept as stored, with a
-warning (s2core.gguf_blocks says why).
+warning (s2core.gguf.blocks says why).
 
 Every tensor the backend holds as a copy (widened on the CPU, anything on CUDA) has its file
 pages released once copied (`ModelFile.release`): reading it faulted them into this process, and
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import QUANTIZED_TYPES, NonFiniteScalesWarning, non_finite_scale_blocks
-from s2core.gguf_file import ModelFile
-from s2core.layout import load_block
+from s2core.plugin import QUANTIZED_TYPES, NonFiniteScalesWarning, non_finite_scale_blocks
+from s2core.plugin import ModelFile
+from s2core.plugin import load_block
 
 from .quantized import QuantizedMatrix
 

@@ -24,7 +24,7 @@ Modules, one job each:
     cli        command-line options (`s2core bench ...`)
 """
 
-from .config import BenchConfig
-from .runner import run_benchmark
+from s2core.benchmarking.config import BenchConfig
+from s2core.benchmarking.runner import run_benchmark
 
 __all__ = ["BenchConfig", "run_benchmark"]

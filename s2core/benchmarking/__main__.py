@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from s2core.benchmarking.cli import main
 
 sys.exit(main())

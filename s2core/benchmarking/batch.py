@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .cases import child_main, load_average, run_child, write_case_outputs
+from s2core.benchmarking.cases import child_main, load_average, run_child, write_case_outputs
 
 SCHEMA = "s2core-bench-batch/1"
 BATCH_SIZES = (1, 2, 4, 8)
@@ -39,10 +39,10 @@ DEFAULT_TYPES = ("f16", "q8_0")
 # ---------------------------------------------------------------------- the child
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import s2core
-    from s2core.generation import QWEN_IM_END_ID, GenerationConfig
-    from s2core.registry import get_registry
+    from s2core.generation.loop import QWEN_IM_END_ID, GenerationConfig
+    from s2core.contract.registry import get_registry
     from s2core.serving import Server
-    from s2core.testing.prompts import mixed_prompt
+    from s2core.kit.prompts import mixed_prompt
 
     name = spec["backend"]
     out: dict[str, Any] = {"backend": name, "weight_type": spec["weight_type"], "status": "ok",
@@ -118,9 +118,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------- the parent
 def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
                         context: int = 64, rounds: int = 3) -> dict[str, Any]:
-    from . import machine
-    from .models import prepare_model
-    from .runner import child_env, select_backends
+    from s2core.benchmarking import machine
+    from s2core.benchmarking.models import prepare_model
+    from s2core.benchmarking.runner import child_env, select_backends
 
     info = machine.describe()
     hp = cfg.hparams()
@@ -160,7 +160,7 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
 
 
 def _fmt(x: float | None) -> str:
-    from .chart import _ms
+    from s2core.benchmarking.chart import _ms
     return "-" if x is None else _ms(x)
 
 
@@ -201,7 +201,7 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .chart import _color
+    from s2core.benchmarking.chart import _color
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     styles = {t: s for t, s in zip(report["config"]["types"], ("-", "--", ":", "-."))}

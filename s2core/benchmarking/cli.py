@@ -7,7 +7,7 @@ import datetime as dt
 import sys
 from pathlib import Path
 
-from .config import DEFAULT_OUT, DEFAULT_TYPES, BenchConfig
+from s2core.benchmarking.config import DEFAULT_OUT, DEFAULT_TYPES, BenchConfig
 
 # The measuring libraries are the `bench` extra; say so instead of failing on an import.
 REQUIRED = ("matplotlib", "psutil", "threadpoolctl")
@@ -64,7 +64,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.case == "voice" and args.types is None:
         fields["types"] = ("f16",)
     if args.case == "batch" and args.types is None:
-        from .batch import DEFAULT_TYPES as BATCH_TYPES
+        from s2core.benchmarking.batch import DEFAULT_TYPES as BATCH_TYPES
         fields["types"] = BATCH_TYPES
     if args.quick:
         return BenchConfig.quick_run(**fields)
@@ -81,7 +81,7 @@ def output_stem(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--codec" in argv:  # the codec's benchmark has its own options (s2core.benchmarking.codec)
-        from .codec import main as codec_main
+        from s2core.benchmarking.codec import main as codec_main
         return codec_main(argv)
     args = build_parser().parse_args(argv)
     missing = [m for m in REQUIRED if not _importable(m)]
@@ -96,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.case == "voice":
-        from .voice import run_voice_benchmark, write_outputs as write_voice
+        from s2core.benchmarking.voice import run_voice_benchmark, write_outputs as write_voice
         return write_voice(run_voice_benchmark(cfg, _say), cfg.out_dir)
 
     if args.case == "batch":
-        from .batch import run_batch_benchmark, write_outputs as write_batch
+        from s2core.benchmarking.batch import run_batch_benchmark, write_outputs as write_batch
         return write_batch(run_batch_benchmark(cfg, _say), cfg.out_dir)
 
-    from .runner import run_benchmark
+    from s2core.benchmarking.runner import run_benchmark
 
     report = run_benchmark(cfg)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_outputs(report: dict, stem: Path) -> int:
     """JSON, PNG and markdown at `stem`.*, the tables on stdout; 1 if any measurement failed."""
-    from .chart import write_chart
-    from .report import markdown_text, terminal_text, write_json
+    from s2core.benchmarking.chart import write_chart
+    from s2core.benchmarking.report import markdown_text, terminal_text, write_json
 
     paths = {k: stem.with_name(f"{stem.name}.{k}") for k in ("json", "png", "md")}
     report["outputs"] = {k: str(p) for k, p in paths.items()}

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec.layout import CodecLayout, Transformer
+from s2core.codec.layout import CodecLayout, Transformer
 
 SCHEMA = "s2core-bench-codec/1"
 #: frames of the one-shot decode (43 frames = 2.0 s of S2 Pro audio)
@@ -83,7 +83,7 @@ def _timed(fn) -> float:
 # ---------------------------------------------------------------------- one backend (child)
 def measure_backend(spec: dict[str, Any]) -> dict[str, Any]:
     import s2core
-    from .machine import blas_info
+    from s2core.benchmarking.machine import blas_info
 
     t0 = time.perf_counter()
     codec = s2core.load_codec(spec["path"], backend=spec["backend"])
@@ -147,11 +147,11 @@ def run(backends: tuple[str, ...] | None, out_dir: Path, quick: bool = False,
         frames: int = ONE_SHOT_FRAMES, far_frame: int = FAR_FRAME, threads: int | None = None
         ) -> dict[str, Any]:
     import s2core
-    from ..codec.file import CodecFile
-    from ..codec.selection import provides_codec
-    from ..embedded.codec_writer import cached_codec, demo_codec_config, s2pro_codec_config
-    from . import machine
-    from .runner import child_env
+    from s2core.codec.file import CodecFile
+    from s2core.runtime.codec_selection import provides_codec
+    from s2core.embedded.codec_writer import cached_codec, demo_codec_config, s2pro_codec_config
+    from s2core.benchmarking import machine
+    from s2core.benchmarking.runner import child_env
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     config = demo_codec_config() if quick else s2pro_codec_config()
@@ -205,7 +205,7 @@ def run(backends: tuple[str, ...] | None, out_dir: Path, quick: bool = False,
 
 
 def markdown(report: dict[str, Any]) -> str:
-    from .machine import summary_lines
+    from s2core.benchmarking.machine import summary_lines
 
     gf = report["flops_per_audio_s"] / 1e9
     lines = [f"# Codec decode ({report['created']})", "",

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..hparams import Hparams
-from ..embedded.writer import s2pro_hparams, tiny_hparams
+from s2core.modelfile.hparams import Hparams
+from s2core.embedded.writer import s2pro_hparams, tiny_hparams
 
 #: f32/f16/q8_0, and the K-quant files people download most (q4_k_m mixes Q4_K and Q6_K)
 DEFAULT_TYPES = ("f32", "f16", "q8_0", "q4_k_m", "q6_k")
@@ -53,7 +53,7 @@ class BenchConfig:
     threads: int | None = None
     quick: bool = False
     out_dir: Path = DEFAULT_OUT
-    #: where models are cached; None = s2core.testing.cache_dir() (~/.cache/s2core, $S2CORE_CACHE)
+    #: where models are cached; None = s2core.embedded.cache.cache_dir() (~/.cache/s2core, $S2CORE_CACHE)
     model_dir: Path | None = None
     extra_notes: tuple[str, ...] = field(default=())
 

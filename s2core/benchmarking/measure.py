@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from . import resident
-from .bandwidth import SumProbe, measure_bandwidth
-from .timing import repeat
+from s2core.benchmarking import resident
+from s2core.benchmarking.bandwidth import SumProbe, measure_bandwidth
+from s2core.benchmarking.timing import repeat
 
 
 def _log(tag: str, msg: str) -> None:
@@ -77,8 +77,8 @@ def _apply_threads_and_seed(threads: int | None, seed: int) -> None:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import s2core
-    from s2core.registry import get_registry
-    from s2core.testing.prompts import mixed_prompt, semantic_frame
+    from s2core.contract.registry import get_registry
+    from s2core.kit.prompts import mixed_prompt, semantic_frame
 
     name, wtype = spec["backend"], spec["weight_type"]
     tag = f"{name} {wtype}"

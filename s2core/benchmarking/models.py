@@ -1,7 +1,7 @@
 """The benchmark's model files: written once into the model cache, then found there.
 
 Writing an S2 Pro-shaped file takes minutes (random weights are generated and encoded tensor by
-tensor), so it goes through `s2core.testing.cached_model` and shows progress. Before the
+tensor), so it goes through `s2core.embedded.cache.cached_model` and shows progress. Before the
 backends are measured the file is read once so every backend's load finds it in the OS page
 cache: load times then compare the backends, not the disk.
 """
@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..gguf_file import ModelFile
-from ..hparams import Hparams
-from ..embedded.cache import cache_dir, cached_model
-from .workload import ModelAccount, account
+from s2core.modelfile.file import ModelFile
+from s2core.modelfile.hparams import Hparams
+from s2core.embedded.cache import cache_dir, cached_model
+from s2core.benchmarking.workload import ModelAccount, account
 
 READ_CHUNK = 64 << 20
 

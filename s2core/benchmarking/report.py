@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import machine
+from s2core.benchmarking import machine
 
 GB = 1e9
 

@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 import psutil
 
-from .. import list_backends
-from ..gguf_file import ModelFile
-from ..registry import BUILTIN_PLUGINS
-from . import machine
-from .bandwidth import measure_bandwidth
-from .config import BenchConfig
-from .models import prepare_model
-from .workload import (floor_ms, kv_cache_bytes, layer_matrix_params, resident_step_bytes,
+from s2core import list_backends
+from s2core.modelfile.file import ModelFile
+from s2core.contract.registry import BUILTIN_PLUGINS
+from s2core.benchmarking import machine
+from s2core.benchmarking.bandwidth import measure_bandwidth
+from s2core.benchmarking.config import BenchConfig
+from s2core.benchmarking.models import prepare_model
+from s2core.benchmarking.workload import (floor_ms, kv_cache_bytes, layer_matrix_params, resident_step_bytes,
                        resident_weight_bytes)
 
 SCHEMA = "s2core-bench/1"

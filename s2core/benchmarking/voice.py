@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .cases import child_main, load_average, run_child, write_case_outputs
+from s2core.benchmarking.cases import child_main, load_average, run_child, write_case_outputs
 
 #: the voice case's shape (the issue's: a 10-second reference and a sentence)
 REFERENCE_FRAMES = 215
@@ -41,7 +41,7 @@ SCHEMA = "s2core-bench-voice/1"
 
 def text_of_tokens(tokenizer, n: int) -> str:
     """A text from the embedded corpus that encodes to exactly n tokens (or the nearest)."""
-    from ..embedded.corpus import CORPUS
+    from s2core.embedded.corpus import CORPUS
     words = CORPUS.split()
     best = None
     for start in range(len(words)):
@@ -62,16 +62,16 @@ def voice_hparams(cfg):
     the test-sized one's 200 ids cannot)."""
     if cfg.quick:
         import dataclasses
-        from ..embedded.writer import demo_hparams
+        from s2core.embedded.writer import demo_hparams
         return dataclasses.replace(demo_hparams(), n_layer=cfg.layers)
     return cfg.hparams()
 
 
 def voice_prompt(hp, seed: int) -> dict[str, Any]:
     """The prompt's two parts and what they hold."""
-    from ..embedded.tokenizer import build_tokenizer_json
-    from ..text.prompt import split_prompt
-    from ..text.tokenizer import Tokenizer
+    from s2core.embedded.tokenizer import build_tokenizer_json
+    from s2core.text.prompt import split_prompt
+    from s2core.text.tokenizer import Tokenizer
     tok = Tokenizer.from_str(build_tokenizer_json(hp))
     codes = np.random.default_rng([seed, 5]).integers(0, hp.codebook_size,
                                                       (hp.num_codebooks, REFERENCE_FRAMES))
@@ -85,9 +85,9 @@ def voice_prompt(hp, seed: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- the child
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import s2core
-    from s2core.generation import GenerationConfig, GenerationStats, stream
-    from s2core.prefix import KVPrefix
-    from s2core.registry import get_registry
+    from s2core.generation.loop import GenerationConfig, GenerationStats, stream
+    from s2core.runtime.prefix import KVPrefix
+    from s2core.contract.registry import get_registry
 
     name = spec["backend"]
     out: dict[str, Any] = {"backend": name, "weight_type": spec["weight_type"], "status": "ok"}
@@ -151,9 +151,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- the parent
 def run_voice_benchmark(cfg, say: Callable[[str], None]) -> dict[str, Any]:
-    from . import machine
-    from .models import prepare_model
-    from .runner import child_env, select_backends
+    from s2core.benchmarking import machine
+    from s2core.benchmarking.models import prepare_model
+    from s2core.benchmarking.runner import child_env, select_backends
 
     info = machine.describe()
     hp = voice_hparams(cfg)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..gguf_file import ModelFile
-from ..hparams import Hparams
+from s2core.modelfile.file import ModelFile
+from s2core.modelfile.hparams import Hparams
 
 LAYER_MATRICES = ("attention.wqkv", "attention.wo", "feed_forward.w1", "feed_forward.w3",
                   "feed_forward.w2")

@@ -10,10 +10,10 @@ Read top-down: hparams (the keys), layout (the structure), file (open and check)
 contract a backend's codec fulfils), model (the object users hold), selection (which backend).
 """
 
-from .backend import CodecBackend, CodecCapabilities
-from .file import CodecFile
-from .hparams import CodecHparams, TransformerHparams
-from .model import Codec, CodecClosedError, StreamDecoder
+from s2core.codec.backend import CodecBackend, CodecCapabilities
+from s2core.codec.file import CodecFile
+from s2core.codec.hparams import CodecHparams, TransformerHparams
+from s2core.codec.model import Codec, CodecClosedError, StreamDecoder
 
 __all__ = ["Codec", "CodecBackend", "CodecCapabilities", "CodecClosedError", "CodecFile",
            "CodecHparams", "StreamDecoder", "TransformerHparams"]

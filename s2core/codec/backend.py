@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .file import CodecFile
+from s2core.codec.file import CodecFile
 
 
 @dataclass(frozen=True)

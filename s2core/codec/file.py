@@ -19,10 +19,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 
-from ..errors import ModelFileError
-from ..gguf_container import INTEGER_TYPES, GGUFFile
-from .hparams import KEY_PREFIX, CodecHparams
-from .layout import CodecLayout, build_layout
+from s2core.errors import ModelFileError
+from s2core.gguf.container import INTEGER_TYPES, GGUFFile
+from s2core.codec.hparams import KEY_PREFIX, CodecHparams
+from s2core.codec.layout import CodecLayout, build_layout
 
 #: general.architecture -> the prefix of the codec's tensor names
 ARCHITECTURES = {"fish-speech": "c.", "fish-speech-codec": ""}
@@ -41,7 +41,7 @@ class StoredTensor:
 
 
 class _GGUFSource:
-    """The container, read through the project's validating reader (s2core.gguf_container:
+    """The container, read through the project's validating reader (s2core.gguf.container:
     bounded counts, typed values, tensor offsets checked, regular files only, truncation
     said), so a hostile codec file fails as a hostile model file does."""
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import ModelFileError
+from s2core.errors import ModelFileError
 
 KEY_PREFIX = "fish_speech.codec."
 #: the attention window of encoder-block transformers: hard-coded in s2.cpp (CODEC.md 4)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from .hparams import CodecHparams, TransformerHparams
+from s2core.codec.hparams import CodecHparams, TransformerHparams
 
 Shape = tuple[int, ...]
 #: the dilations of the three residual units of every encoder and decoder block

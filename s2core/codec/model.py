@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError, S2CoreError
-from .backend import CodecBackend, CodecCapabilities
-from .file import CodecFile
-from .hparams import CodecHparams
+from s2core.errors import InvalidInputError, S2CoreError
+from s2core.codec.backend import CodecBackend, CodecCapabilities
+from s2core.codec.file import CodecFile
+from s2core.codec.hparams import CodecHparams
 
 STREAM_MODES = ("auto", "exact", "windowed")
 
@@ -98,7 +98,7 @@ class Codec:
     def encode(self, audio: Any) -> np.ndarray:
         """float mono audio at `sample_rate` (1-D, finite) -> int32 codes [num_codebooks, T],
         T = ceil(len / samples_per_frame) (of the length padded to frame_length). Resample
-        other rates first (s2core.audio)."""
+        other rates first (s2core.codec.audio)."""
         backend = self._backend()
         if not backend.capabilities.encode:
             raise InvalidInputError("encode_supported",
@@ -142,7 +142,7 @@ class Codec:
         if not np.issubdtype(arr.dtype, np.floating):
             raise InvalidInputError(
                 "audio_dtype", f"audio must be floating point in [-1, 1], got dtype {arr.dtype} "
-                "(s2core.audio.read_wav converts PCM)")
+                "(s2core.codec.audio.read_wav converts PCM)")
         if arr.ndim != 1:
             raise InvalidInputError("audio_shape", f"audio must be mono, 1-D, got shape "
                                     f"{list(arr.shape)} (mix channels down first)")

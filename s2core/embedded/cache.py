@@ -13,11 +13,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..hparams import Hparams
-from .writer import write_model
+from s2core.modelfile.hparams import Hparams
+from s2core.embedded.writer import write_model
 
 if TYPE_CHECKING:
-    from .codec_writer import CodecConfig
+    from s2core.embedded.codec_writer import CodecConfig
 
 #: bump when the writer's output for the same arguments changes
 WRITER_VERSION = 1
@@ -38,7 +38,7 @@ def model_path(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model"
     fields = {"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
               "writer": WRITER_VERSION}
     if codec is not None:  # a file that carries its codec, as s2.cpp's do
-        from .codec_writer import CODEC_WRITER_VERSION
+        from s2core.embedded.codec_writer import CODEC_WRITER_VERSION
         fields["codec"] = [dataclasses.asdict(codec), CODEC_WRITER_VERSION]
     if random_blocks:  # (absent otherwise: the names of files written before stay valid)
         fields["random_blocks"] = True

@@ -25,8 +25,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ..codec.hparams import KEY_PREFIX, CodecHparams, TransformerHparams
-from ..codec.layout import CodecLayout, Conv, ConvTranspose, build_layout
+from s2core.codec.hparams import KEY_PREFIX, CodecHparams, TransformerHparams
+from s2core.codec.layout import CodecLayout, Conv, ConvTranspose, build_layout
 
 #: the container's architecture -> the prefix of codec tensor names (CODEC.md 1)
 CODEC_ONLY_ARCH = "fish-speech-codec"
@@ -260,7 +260,7 @@ def write_tensors(writer: gguf.GGUFWriter, plan: list[tuple[str, tuple[int, ...]
                   progress: Callable[[int, int], None] | None = None) -> None:
     """Header, keys, tensor infos, then each tensor generated and written one at a time (an
     S2 Pro-sized codec never sits in memory whole). `strip` is removed from names for `values`."""
-    from .writer import encode  # F32, F16 or any quantized type gguf-py writes
+    from s2core.embedded.writer import encode  # F32, F16 or any quantized type gguf-py writes
     for name, shape, qt in plan:
         block, size = gguf.GGML_QUANT_SIZES[qt]
         writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size,
@@ -289,7 +289,7 @@ def cached_codec(config: CodecConfig, weight_type: str = "f16", seed: int = 0,
     import hashlib
     import json
 
-    from .cache import cache_dir
+    from s2core.embedded.cache import cache_dir
     key = json.dumps({"config": dataclasses.asdict(config), "type": weight_type, "seed": seed,
                       "codec_only": codec_only, "writer": CODEC_WRITER_VERSION}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]

@@ -14,9 +14,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..hparams import Hparams
-from .cache import cache_dir
-from .corpus import CORPUS
+from s2core.modelfile.hparams import Hparams
+from s2core.embedded.cache import cache_dir
+from s2core.embedded.corpus import CORPUS
 
 #: bump when the builder's output for the same arguments changes
 BUILDER_VERSION = 1

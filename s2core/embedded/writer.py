@@ -18,14 +18,14 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ..gguf_blocks import QUANTIZED_TYPES
-from ..gguf_blocks import random_blocks as _random_blocks
-from ..hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
-from ..layout import expected_tensors, is_norm
-from .kquants import quantize_k
+from s2core.gguf.blocks import QUANTIZED_TYPES
+from s2core.gguf.blocks import random_blocks as _random_blocks
+from s2core.modelfile.hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
+from s2core.modelfile.layout import expected_tensors, is_norm
+from s2core.embedded.kquants import quantize_k
 
 if TYPE_CHECKING:
-    from .codec_writer import CodecConfig
+    from s2core.embedded.codec_writer import CodecConfig
 
 #: weight types the writer produces, by their file-name spelling
 WEIGHT_TYPES: dict[str, QT] = {
@@ -195,7 +195,7 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
         plan += [("c.encoder.conv.weight", (8, 16), QT.F16), ("c.quantizer.codebook", (32, 8), QT.F32)]
     codec_values = None
     if codec is not None:
-        from .codec_writer import add_codec_metadata, codec_plan, codec_tensor_values
+        from s2core.embedded.codec_writer import add_codec_metadata, codec_plan, codec_tensor_values
         plan += codec_plan(codec, "f32" if weight_type == "f32" else "f16", prefix="c.")
         codec_values = codec_tensor_values(codec, seed)
 

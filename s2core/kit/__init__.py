@@ -4,17 +4,17 @@ and the base test classes.
 Import `BackendConformance` and `CodecConformance` only inside a pytest run (they import
 pytest)."""
 
-from .codec_reference import CodecReference
-from .reference import Reference, ReferenceOutput
-from .tolerances import fast_tolerance, kv_tolerance, output_tolerance
+from s2core.kit.codec_reference import CodecReference
+from s2core.kit.reference import Reference, ReferenceOutput
+from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
 
 def __getattr__(name: str):
     if name == "BackendConformance":  # keep pytest out of `import s2core.kit`
-        from .conformance import BackendConformance
+        from s2core.kit.conformance import BackendConformance
         return BackendConformance
     if name == "CodecConformance":
-        from .codec_conformance import CodecConformance
+        from s2core.kit.codec_conformance import CodecConformance
         return CodecConformance
     raise AttributeError(name)
 

@@ -18,19 +18,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from s2core.backend import Backend
-from s2core.batching import BatchedModel
+from s2core.contract.backend import Backend
+from s2core.serving.batching import BatchedModel
 from s2core.errors import CacheAllocationError, CacheNotInitializedError, CacheOverflowError, \
     InvalidInputError, InvalidTokensError
-from s2core.memory import backend_kv_cache_bytes
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.runtime.memory import backend_kv_cache_bytes
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
-from .batching_rules import (CONFIG, FAST_BATCH, JOIN_LEAVE, MAX_BATCH, OWN_ROWS, SEQUENCES,
+from s2core.kit.batching_rules import (CONFIG, FAST_BATCH, JOIN_LEAVE, MAX_BATCH, OWN_ROWS, SEQUENCES,
                              SLOT_CHECKS, SLOT_MEMORY, SLOT_METHODS, SLOT_RESULTS_KEPT,
                              SLOTS_ALONE, alone_run, checked_call, describe_call, fail,
                              kv_differs, n_slots_for, rel_err, sequences, voice_prefix)
-from .tolerances import fast_tolerance, kv_tolerance, output_tolerance
-from .voices_serving import VoiceAndServingConformance
+from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
+from s2core.kit.voices_serving import VoiceAndServingConformance
 
 
 class BatchingConformance(VoiceAndServingConformance):

@@ -12,12 +12,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from s2core.batching import BatchedModel
-from s2core.generation import GenerationConfig
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.serving.batching import BatchedModel
+from s2core.generation.loop import GenerationConfig
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
-from . import rules
-from .models import CONFIGS
+from s2core.kit import rules
+from s2core.kit.models import CONFIGS
 
 CONFIG = "gqa4"
 #: a text id of the kit's gqa4 model used as <|im_end|> (its semantic ids are 160..191)

@@ -22,9 +22,9 @@ import s2core
 from s2core.codec import CodecClosedError
 from s2core.errors import InvalidInputError
 
-from .codec_models import (CODEC_IDS, example_codes_audio, example_path,
+from s2core.kit.codec_models import (CODEC_IDS, example_codes_audio, example_path,
                            kit_codec, kit_codec_reference, random_audio, random_codes)
-from .tolerances import CODEC_NEAR_TIE, codec_stream_tolerance, codec_tolerance
+from s2core.kit.tolerances import CODEC_NEAR_TIE, codec_stream_tolerance, codec_tolerance
 
 #: push sizes of the uneven streaming test (frames)
 UNEVEN_PUSHES = (1, 3, 2, 1, 4)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codec.file import CodecFile
-from ..embedded.codec_writer import CodecConfig, codec_hparams, tiny_codec_config, write_codec
-from .codec_reference import CodecReference
+from s2core.codec.file import CodecFile
+from s2core.embedded.codec_writer import CodecConfig, codec_hparams, tiny_codec_config, write_codec
+from s2core.kit.codec_reference import CodecReference
 
 EXAMPLE_DIR = Path(__file__).parent / "data" / "codec_example"
 

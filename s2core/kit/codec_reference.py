@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codec.file import CodecFile
+from s2core.codec.file import CodecFile
 
 ENCODER_WINDOW = 512
 _erf = np.vectorize(math.erf, otypes=[np.float64])

@@ -25,13 +25,13 @@ import pytest
 import s2core
 from s2core.errors import (CacheNotInitializedError, CacheOverflowError, InvalidInputError,
                            InvalidTokensError)
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
-from .batching import BatchingConformance
-from .models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
-from .prefix_stream import PrefixAndStreamConformance
-from .rules import ContractRules, ThreadAndLifeCycleRules
-from .tolerances import fast_tolerance, kv_tolerance, output_tolerance
+from s2core.kit.batching import BatchingConformance
+from s2core.kit.models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
+from s2core.kit.prefix_stream import PrefixAndStreamConformance
+from s2core.kit.rules import ContractRules, ThreadAndLifeCycleRules
+from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
 
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:

@@ -15,10 +15,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ..gguf_file import ModelFile
-from ..hparams import FastHparams, Hparams
-from ..embedded.writer import tiny_hparams, write_model
-from .reference import Reference
+from s2core.modelfile.file import ModelFile
+from s2core.modelfile.hparams import FastHparams, Hparams
+from s2core.embedded.writer import tiny_hparams, write_model
+from s2core.kit.reference import Reference
 
 CONFIGS: dict[str, Hparams] = {
     # The shared s2.cpp vector's shape: GQA 4, head_dim 32 (dim/n_head would say 16), QK-norm.

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.backend import Backend
+from s2core.contract.backend import Backend
 from s2core.errors import (CacheNotInitializedError, CacheOverflowError, InvalidInputError,
                            PrefixMismatchError)
-from s2core.generation import GenerationConfig, generate, stream
-from s2core.prefix import KVPrefix
+from s2core.generation.loop import GenerationConfig, generate, stream
+from s2core.runtime.prefix import KVPrefix
 
-from .models import CONFIGS
+from s2core.kit.models import CONFIGS
 
 CONFIG = "gqa4"
 #: a text id of the kit's gqa4 model, used as <|im_end|> (its semantic ids are 160..191)
@@ -30,12 +30,12 @@ IM_END = 199
 
 
 def _prompt(n: int = 30, seed: int = 0) -> np.ndarray:
-    from s2core.testing.prompts import mixed_prompt
+    from s2core.kit.prompts import mixed_prompt
     return mixed_prompt(CONFIGS[CONFIG], n, np.random.default_rng(seed))
 
 
 def _frame(seed: int) -> np.ndarray:
-    from s2core.testing.prompts import semantic_frame
+    from s2core.kit.prompts import semantic_frame
     return semantic_frame(CONFIGS[CONFIG], np.random.default_rng(seed))
 
 

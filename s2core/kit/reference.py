@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..gguf_file import ModelFile
-from ..hparams import Hparams
+from s2core.modelfile.file import ModelFile
+from s2core.modelfile.hparams import Hparams
 
 
 @dataclass

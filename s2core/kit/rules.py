@@ -27,11 +27,11 @@ import pytest
 import s2core
 from s2core.errors import (BackendUnavailableError, CacheAllocationError, InvalidInputError,
                            ModelBusyError, ModelClosedError)
-from s2core.generation import GenerationConfig, stream
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.generation.loop import GenerationConfig, stream
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
-from .models import CONFIGS, kit_model, kit_reference
-from .tolerances import COMPUTE, fast_tolerance, output_tolerance
+from s2core.kit.models import CONFIGS, kit_model, kit_reference
+from s2core.kit.tolerances import COMPUTE, fast_tolerance, output_tolerance
 
 RESULTS_UNCHANGED = "results-unchanged"
 SNAPSHOTS_ARE_COPIES = "snapshots-are-copies"
@@ -325,7 +325,7 @@ def _expect_refusal(what: str, check: str, call: Any) -> None:
 
 
 def _same_default(a: Any, b: Any) -> bool:
-    from s2core.plugin import same_value
+    from s2core.contract.plugin_spec import same_value
     return same_value(a, b)
 
 

@@ -9,7 +9,7 @@ product (unit roundoff 4.9e-4 for f16, 3.9e-3 for bf16) through a few layers.
 
 from __future__ import annotations
 
-from ..backend import Capabilities
+from s2core.contract.backend import Capabilities
 
 #: error from the precision of the activations fed to matrix products
 COMPUTE = {"f32": 1e-5, "f16": 1e-2, "bf16": 6e-2}

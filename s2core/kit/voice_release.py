@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from s2core.batching import BatchedModel
+from s2core.serving.batching import BatchedModel
 
-from .batching_rules import (CONFIG, VOICE_RELEASED, checked_call, fail, n_slots_for,
+from s2core.kit.batching_rules import (CONFIG, VOICE_RELEASED, checked_call, fail, n_slots_for,
                              sequences, voice_prefix)
 
 #: a voice whose adding grew traced memory by less than this share of its bytes is not held

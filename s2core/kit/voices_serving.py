@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from s2core.batching import BatchedModel
-from s2core.generation import GenerationConfig, generate
+from s2core.serving.batching import BatchedModel
+from s2core.generation.loop import GenerationConfig, generate
 from s2core.serving import CANCELLED, Server, generate_many
 
-from .batching_rules import (CONFIG, IM_END, PREFIX_UNCHANGED, SERVED, SHARED_PREFIX,
+from s2core.kit.batching_rules import (CONFIG, IM_END, PREFIX_UNCHANGED, SERVED, SHARED_PREFIX,
                              checked_call, describe_call, fail, greedy, kv_differs,
                              n_slots_for, rel_err, same_codes, sequences, voice_prefix)
-from .tolerances import kv_tolerance, output_tolerance
-from .voice_release import VoiceReleaseConformance
+from s2core.kit.tolerances import kv_tolerance, output_tolerance
+from s2core.kit.voice_release import VoiceReleaseConformance
 
 
 class VoiceAndServingConformance(VoiceReleaseConformance):

@@ -18,11 +18,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import InvalidInputError
-from ..generation import GenerationConfig
-from ..model import SlowARModel
-from .request import CANCELLED, FAILED, Request
-from .server import Server
+from s2core.errors import InvalidInputError
+from s2core.generation.loop import GenerationConfig
+from s2core.runtime.model import SlowARModel
+from s2core.serving.request import CANCELLED, FAILED, Request
+from s2core.serving.server import Server
 
 __all__ = ["Server", "Request", "generate_many", "CANCELLED", "FAILED"]
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from ..generation import GenerationConfig, GenerationStats, _finite, _MainSampler
-from ..sampling import candidates, draw
+from s2core.generation.loop import GenerationConfig, GenerationStats, _finite, _MainSampler
+from s2core.generation.sampling import candidates, draw
 
 if TYPE_CHECKING:
-    from ..prefix import KVPrefix
-    from .server import Server
+    from s2core.runtime.prefix import KVPrefix
+    from s2core.serving.server import Server
 
 #: how a request ended (GenerationStats.stopped_by): the two of generate(), and these
 CANCELLED = "cancelled"

@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from ..batching import IDLE_VOICES, BatchedModel
-from ..errors import CacheAllocationError, CacheOverflowError, InvalidInputError
-from ..generation import GenerationConfig, check_prompt
-from ..model import SlowARModel
-from .request import CANCELLED, FAILED, Request
+from s2core.serving.batching import IDLE_VOICES, BatchedModel
+from s2core.errors import CacheAllocationError, CacheOverflowError, InvalidInputError
+from s2core.generation.loop import GenerationConfig, check_prompt
+from s2core.runtime.model import SlowARModel
+from s2core.serving.request import CANCELLED, FAILED, Request
 
 if TYPE_CHECKING:
-    from ..prefix import KVPrefix
+    from s2core.runtime.prefix import KVPrefix
 
 
 class Server:

@@ -1,3 +1,3 @@
-"""Inputs for tests and benchmarks: prompts that mix text and semantic positions.
-
-The model and codec writers live in `s2core.embedded` (the demo uses them too)."""
+"""Helpers for this repository's own tests: random quantized blocks and running the CLI in a
+subprocess. (Prompts for tests and benchmarks live in `s2core.kit.prompts`, for plugin authors
+too; the model and codec writers in `s2core.embedded`.)"""

@@ -1,4 +1,4 @@
-"""Random GGUF quantized blocks for kernel tests (s2core.gguf_blocks.random_blocks), and a way
+"""Random GGUF quantized blocks for kernel tests (s2core.gguf.blocks.random_blocks), and a way
 to plant a chosen scale (an infinity, a NaN) in one of them."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ..gguf_blocks import SCALE_FIELDS, block_shape, random_blocks
+from s2core.gguf.blocks import SCALE_FIELDS, block_shape, random_blocks
 
 __all__ = ["random_blocks", "set_scale"]
 

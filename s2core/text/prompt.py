@@ -8,7 +8,7 @@ positions). `reference_codes` is [num_codebooks, T] (the layout s2.cpp and fish-
 
 The voice prefix is everything that does not depend on the text: with a reference voice, up to
 and including its codes; without one, the system turn. It is the same for every sentence in one
-voice, so its K/V can be computed once (s2core.prefix) and restored for each sentence.
+voice, so its K/V can be computed once (s2core.runtime.prefix) and restored for each sentence.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError
-from ..hparams import Hparams
-from .tokenizer import NEWLINE_ID, Tokenizer
+from s2core.errors import InvalidInputError
+from s2core.modelfile.hparams import Hparams
+from s2core.text.tokenizer import NEWLINE_ID, Tokenizer
 
 SYSTEM_WITH_REFERENCE = "convert the provided text to speech reference to the following:\n\nText:\n"
 SYSTEM_PLAIN = "convert the provided text to speech"

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..errors import TokenizerError
+from s2core.errors import TokenizerError
 
 #: the special tokens SPEC 7's prompt needs, by name
 IM_START = "<|im_start|>"

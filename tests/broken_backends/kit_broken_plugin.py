@@ -1,6 +1,6 @@
 """Registers the broken backends (kit_broken_backends.py) under $S2CORE_PLUGINS."""
 
-from s2core.plugin import BackendSpec, Option, Probe, hookimpl
+from s2core.contract.plugin_spec import BackendSpec, Option, Probe, hookimpl
 from s2core_example.plugin import CAPABILITIES
 from s2core_numpy.plugin import OPTIONS as NUMPY_OPTIONS
 from s2core_numpy.plugin import numpy_capabilities

@@ -3,7 +3,7 @@ every input and prepared the per-position values (EvalBatch), so only the math i
 
 import numpy as np
 
-from s2core.backend import Backend, check_option
+from s2core.plugin import Backend, check_option
 
 
 def rms_norm(x, w, eps):

@@ -1,6 +1,6 @@
 """The plugin module named by the entry point. Keep it cheap: it is imported at discovery."""
 
-from s2core.backend import Capabilities
+from s2core.plugin import Capabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CAPABILITIES = Capabilities(device="cpu", kv_cache_dtype="f32", supported_kv_cache_dtypes=("f32",),

@@ -25,10 +25,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from s2core.backend import Backend, Capabilities, check_option
-from s2core.gguf_file import ModelFile
-from s2core.inputs import EvalBatch
-from s2core.memory import available_host_memory_bytes
+from s2core.plugin import Backend, Capabilities, check_option
+from s2core.plugin import ModelFile
+from s2core.plugin import EvalBatch
+from s2core.plugin import available_host_memory_bytes
 
 from .fast_ar import FastDecoder, FastState
 from .kv_cache import KVCache

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 import s2core
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 
 def _timed(fn: Callable[[], Any]) -> float:

@@ -16,10 +16,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from s2core.codec.backend import CodecBackend, CodecCapabilities
-from s2core.codec.file import CodecFile
-from s2core.codec.streaming import DecodeState, HistoryPass
-from s2core.codec.layout import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
+from s2core.plugin import CodecBackend, CodecCapabilities
+from s2core.plugin import CodecFile
+from s2core.plugin import DecodeState, HistoryPass
+from s2core.plugin import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
 
 from .plugin import is_apple_silicon, mlx_codec_capabilities
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
-from s2core.layout import load_fast_ar
+from s2core.plugin import load_fast_ar
 
 from .layers import (BlockWeights, attend, attention_inputs, finish_block, project_qkv, rotate,
                      split_heads)

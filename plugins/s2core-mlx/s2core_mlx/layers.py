@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 
 import mlx.core as mx
-from s2core.hparams import StackShape
-from s2core.layout import load_block
+from s2core.plugin import StackShape
+from s2core.plugin import load_block
 
 from .weights import Matrix, WeightLoader
 

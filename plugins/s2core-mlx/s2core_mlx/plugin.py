@@ -12,8 +12,8 @@ import importlib.metadata
 import importlib.util
 import platform
 
-from s2core.backend import Capabilities
-from s2core.codec.backend import CodecCapabilities
+from s2core.plugin import Capabilities
+from s2core.plugin import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "bf16", "f32")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from s2core.inputs import EvalBatch
+from s2core.plugin import EvalBatch
 
 from .kv_cache import KVCache
 from .layers import BlockWeights, attend, finish_block, project_qkv, sequence_heads

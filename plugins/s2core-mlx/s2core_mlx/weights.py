@@ -5,7 +5,7 @@ rows. `DenseMatrix` holds F32/F16/BF16 as stored (and the widened types); `Quant
 holds the GGUF quants that map exactly onto MLX's affine format (see gguf_quant; Q2_K, Q3_K
 and Q6_K through the split layout of sub_blocks) and multiplies with mx.quantized_matmul.
 A quantized tensor with an infinite or NaN scale is widened instead, with a warning
-(s2core.gguf_blocks says why).
+(s2core.gguf.blocks says why).
 
 Tensors are read one at a time from the memory map. `mx.array(numpy)` always copies (MLX
 allocates its own buffer and copies into it, on Linux and on macOS alike: it never wraps the
@@ -26,8 +26,8 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from s2core.gguf_blocks import QUANTIZED_TYPES, NonFiniteScalesWarning, non_finite_scale_blocks
-from s2core.gguf_file import ModelFile
+from s2core.plugin import QUANTIZED_TYPES, NonFiniteScalesWarning, non_finite_scale_blocks
+from s2core.plugin import ModelFile
 
 from . import gguf_quant, sub_blocks
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.batching import BatchedModel
+from s2core.serving.batching import BatchedModel
 from s2core.kit.batching_rules import voice_prefix
 from s2core.kit.models import kit_model
-from s2core.memory import backend_kv_cache_bytes
-from s2core.testing.prompts import mixed_prompt, semantic_frame
+from s2core.runtime.memory import backend_kv_cache_bytes
+from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.hparams import FastHparams
+from s2core.modelfile.hparams import FastHparams
 from s2core.kit.conformance import rel_err
 from s2core.kit.models import kit_model
 from s2core.embedded.writer import tiny_hparams, write_model

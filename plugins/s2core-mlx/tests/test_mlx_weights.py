@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.gguf_file import ModelFile
+from s2core.modelfile.file import ModelFile
 from s2core.kit.conformance import prompt_and_frames
 from s2core.kit.models import kit_model
 from s2core.embedded.writer import tiny_hparams, write_model

@@ -1,0 +1,122 @@
+"""`load()` and `default_backend()`: which backend opens a model file, and opening it.
+
+The order of a load: the arguments' types, the named backend's options (before any file is
+read or backend module imported), the file (s2core/modelfile/file.py validates all of it), the
+backend (named, $S2CORE_BACKEND, or the best for this file by s2core/runtime/selection.py), then its
+class. When the backend was chosen automatically and its class fails to import (a broken
+install, a missing shared library), the next in the selection order is tried, with a
+warning that says why; a backend the user named is never replaced by another.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from s2core.contract.backend import Backend
+from s2core.codec.model import Codec
+from s2core.errors import BackendUnavailableError, InvalidInputError
+from s2core.modelfile.file import ModelFile
+from s2core.runtime.model import SlowARModel
+from s2core.contract.registry import ENV_BACKEND, Registry, get_registry
+from s2core.runtime.selection import rank_backends
+
+
+#: names the backend load_codec() uses when none is given
+ENV_CODEC_BACKEND = "S2CORE_CODEC_BACKEND"
+
+
+class BackendFallbackWarning(UserWarning):
+    """The automatically chosen backend failed to import; load() used the next one."""
+
+
+def pick_backend(registry: Registry, model_file: ModelFile, backend: str | None,
+                 options: dict[str, Any]) -> tuple[str, type[Backend]]:
+    """(name, class) of the backend load() uses for this file with these options."""
+    if backend is None and os.environ.get(ENV_BACKEND, "").strip():
+        backend = registry.default()  # checks that it is registered and available
+    if backend is not None:
+        registry.check_options(backend, options)
+        return backend, registry.backend_class(backend)
+    failures = []
+    for name in rank_backends(registry.list(), model_file):
+        registry.check_options(name, options)
+        try:
+            cls = registry.backend_class(name)
+        except BackendUnavailableError as exc:
+            failures.append(str(exc))
+            continue
+        if failures:
+            warnings.warn(f"{'; '.join(failures)}; using backend {name!r} instead",
+                          BackendFallbackWarning, stacklevel=3)
+        return name, cls
+    raise BackendUnavailableError("no available backend could be imported: " + "; ".join(failures))
+
+
+def load(path: str | os.PathLike, backend: str | None = None, **options: Any) -> SlowARModel:
+    """Open a GGUF model file on a backend and return the model object.
+
+    backend=None: $S2CORE_BACKEND if set, else the best backend for this file
+    (`s2core.runtime.selection`; `default_backend(path)` names it without loading). `options` go to
+    the backend (for example device="cuda:0", kv_cache_dtype="f32"); each backend declares
+    the ones it takes, and any other name or value is an InvalidInputError before anything is
+    read.
+    """
+    registry = get_registry()
+    if backend is not None:
+        if not isinstance(backend, str):
+            raise InvalidInputError("backend_type", f"backend must be a name (str) or None, "
+                                                    f"got {type(backend).__name__}")
+        registry.check_options(backend, options)
+    model_file = ModelFile(path)
+    try:
+        _, backend_cls = pick_backend(registry, model_file, backend, options)
+        return SlowARModel(model_file, backend_cls(model_file, **options))
+    except BaseException:
+        model_file.close()
+        raise
+
+
+def default_backend(path: str | os.PathLike | None = None) -> str:
+    """The backend `load()` uses when none is named.
+
+    With a path: exactly what `load(path)` picks ($S2CORE_BACKEND, else the best backend for
+    that file, passing over one whose class fails to import: to know that, the chosen
+    backend's module is imported). Without: $S2CORE_BACKEND, else the available backend of
+    highest priority, which is load()'s choice unless a peer holds the file in fewer bytes.
+    """
+    registry = get_registry()
+    if path is None:
+        return registry.default()
+    model_file = ModelFile(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BackendFallbackWarning)
+            return pick_backend(registry, model_file, None, {})[0]
+    finally:
+        model_file.close()
+
+
+def load_codec(path: str | os.PathLike, backend: str | None = None, **options: Any) -> Codec:
+    """Open the audio codec of a GGUF file (a full S2 Pro file's `c.*` tensors, or a
+    codec-only file) on a backend that provides one.
+
+    backend=None: $S2CORE_CODEC_BACKEND if set, else the best codec provider
+    (`s2core.runtime.codec_selection`). `options` go to the backend's codec (for example device="cpu").
+    """
+    from s2core.codec.file import CodecFile
+    from s2core.runtime.codec_selection import choose_codec_backend
+    registry = get_registry()
+    if backend is not None and not isinstance(backend, str):
+        raise InvalidInputError("backend_type", f"backend must be a name (str) or None, "
+                                                f"got {type(backend).__name__}")
+    if backend is None:
+        backend = os.environ.get(ENV_CODEC_BACKEND, "").strip() or choose_codec_backend(registry.list())
+    codec_cls = registry.codec_class(backend)
+    codec_file = CodecFile(path)
+    try:
+        return Codec(codec_file, codec_cls(codec_file, **options))
+    except BaseException:
+        codec_file.close()
+        raise
