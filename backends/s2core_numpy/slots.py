@@ -6,7 +6,7 @@ tiled.py: each tile is read from memory once and used for every row; BLAS gemm f
 weights), so B frames cost about one weight read. Attention stays per sequence: each slot's
 rows see only that slot's cache.
 
-The numbers of each row are those of the single-sequence path (backend.run_block): the same
+The numbers of each row are those of the single-sequence path (layers.run_block): the same
 projections, the same attention code on the same slices. With the numba F16 and Q8_0
 kernels, whose few-row product accumulates each row exactly as their one-row product does,
 a batched decode step gives bit-identical results; float32 weights go through BLAS, whose gemm
@@ -23,6 +23,7 @@ from s2core.plugin import StackShape
 from s2core.plugin import EvalBatch
 
 from . import ops
+from .layers import embed, qkv_projection
 from .weights import gather, linear
 
 
@@ -30,14 +31,12 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
                        segments: list[tuple[int, int, int]], k_layer, v_layer,
                        last_only: bool, round_f16: bool, prefix_layer=None,
                        row_ops: ops.RowOps = ops.NUMPY_OPS) -> np.ndarray:
-    """backend.run_block for several sequences: x holds every segment's rows. segments:
+    """layers.run_block for several sequences: x holds every segment's rows. segments:
     (lo, hi, start) per sequence; k_layer(i) / v_layer(i): segment i's cache of this layer.
     prefix_layer(i): None, or the (K, V) of this layer of the shared prefix segment i starts
     with: its n rows are positions [0, n), and its own cache holds positions n and later.
     last_only: only each segment's last row is returned (in segment order).
     row_ops: the norms', rotation's and attention's code, as on the one-sequence path."""
-    from .backend import qkv_projection  # the single-sequence projections, shared
-
     q, k, v = qkv_projection(x, blk, s, cos, sin, row_ops=row_ops)
     attn, kept = [], []
     for i, (lo, hi, start) in enumerate(segments):
@@ -166,13 +165,13 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
     segments = segments_of(batches)
     positions = np.concatenate([b.positions for b in batches])
     cos, sin = ops.rope_tables(positions, s.head_dim, s.rope_base)
-    x = np.concatenate([backend._embed(b) for b in batches])
+    x = np.concatenate([embed(backend.embeddings, backend.model_file, b) for b in batches])
     last = len(backend.layers) - 1
     for i, blk in enumerate(backend.layers):
         x = run_block_segments(x, blk, s, cos, sin, segments,
                                lambda j, i=i: cache.k[slots[j], i],
                                lambda j, i=i: cache.v[slots[j], i],
-                               i == last, backend._round_f16,
+                               i == last, backend.round_f16,
                                lambda j, i=i: cache.prefix(slots[j], i), backend.row_ops)
     hidden = backend.row_ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
     logits = linear(hidden, backend.embeddings)
