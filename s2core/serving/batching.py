@@ -34,6 +34,7 @@ from s2core.contract import inputs
 from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
                      InvalidInputError, ModelBusyError, S2CoreError)
 from s2core.serving.held_voices import HeldVoice, HeldVoices
+from s2core.runtime.fast_session import FastSession, fast_incremental
 from s2core.runtime.memory import backend_kv_cache_bytes, describe_bytes
 from s2core.runtime.model import Result, SlowARModel
 
@@ -54,22 +55,6 @@ def _guarded(method: F) -> F:
         with self.model._guard.call(what, allow_closed=allow_closed):
             return method(self, *args, **kwargs)
     return wrapper  # type: ignore[return-value]
-
-
-class _FastBatchSession:
-    """The batched Fast-AR sequences the last fast_decode call left (as model._FastSession,
-    for B rows): the next call of the same frame only appends one code to each."""
-
-    def __init__(self, hiddens: np.ndarray, state: Any):
-        self.hiddens = hiddens.copy()
-        self.codes = np.zeros((hiddens.shape[0], 0), dtype=np.int64)
-        self.state = state
-
-    def continues(self, hiddens: np.ndarray, codes: np.ndarray) -> bool:
-        n = self.codes.shape[1]
-        return (hiddens.shape == self.hiddens.shape and codes.shape[1] > n
-                and np.array_equal(codes[:, :n], self.codes)
-                and np.array_equal(hiddens, self.hiddens))
 
 
 #: voices no slot references that a BatchedModel keeps for their next request by default
@@ -97,7 +82,7 @@ class BatchedModel:
         self._shared: list[int] = []  # per slot: positions of the shared prefix it references
         self._rows: list[list[np.ndarray]] = []
         self._max_seq_len: int | None = None
-        self._fast: _FastBatchSession | None = None
+        self._fast: FastSession | None = None
         self._voices = HeldVoices(int(idle_voices))
 
     # ------------------------------------------------------------------ state
@@ -293,13 +278,18 @@ class BatchedModel:
 
     def _fast_incremental(self, hiddens: np.ndarray, codes: np.ndarray) -> Any:
         session, self._fast = self._fast, None  # stays dropped if the backend raises
-        if session is None or not session.continues(hiddens, codes):
-            state, logits = self.backend.fast_begin_batch(hiddens)
-            session = _FastBatchSession(hiddens, state)
-        for c in range(session.codes.shape[1], codes.shape[1]):
-            session.state, logits = self.backend.fast_extend_batch(session.state, codes[:, c])
-        session.codes = codes.copy()
-        self._fast = session
+        be = self.backend
+
+        def extend(state: Any, new: np.ndarray, logits: Any = None) -> tuple[Any, Any]:
+            for c in range(new.shape[1]):  # the batched calls take one code per row
+                state, logits = be.fast_extend_batch(state, new[:, c])
+            return state, logits
+
+        def start(new: np.ndarray) -> tuple[Any, Any]:
+            state, logits = be.fast_begin_batch(hiddens)
+            return extend(state, new, logits)
+
+        self._fast, logits = fast_incremental(session, hiddens, codes, start, extend)
         return logits
 
     # ------------------------------------------------------------------ voice prefix
