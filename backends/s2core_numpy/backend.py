@@ -24,7 +24,6 @@ are numba kernels too (row_kernels.py); ops.py holds the NumPy forms.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,13 +31,14 @@ from s2core.plugin import Backend, Capabilities, check_option
 from s2core.errors import InvalidInputError
 from s2core.plugin import ModelFile
 from s2core.plugin import EvalBatch
-from s2core.plugin import load_fast_ar
+from s2core.plugin import load_block
 
 from . import ops
-from .layers import BlockWeights, embed, run_block
+from .fast_ar import FastDecoder, FastState
+from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, numpy_capabilities
-from .weights import WeightLoader, gather, linear, numba_kernels_possible
+from .weights import WeightLoader, linear, numba_kernels_possible
 
 
 class NumpyBackend(Backend):
@@ -65,7 +65,7 @@ class NumpyBackend(Backend):
         wl = WeightLoader(model_file, numba_kernels)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
         self.norm = wl.vector("norm.weight")
-        self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)
+        self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, wl.matrix, wl.vector)
                        for i in range(hp.n_layer)]
         self.shape = hp.stack
         self.fast = None if hp.fast is None else FastDecoder(wl, self.row_ops)
@@ -180,12 +180,10 @@ class NumpyBackend(Backend):
         return logits
 
     def fast_begin_batch(self, hiddens: np.ndarray):
-        from .slots import fast_begin_batch
-        return fast_begin_batch(self.fast, np.asarray(hiddens, dtype=np.float32))
+        return self.fast.begin_batch(np.asarray(hiddens, dtype=np.float32))
 
     def fast_extend_batch(self, state, codes: np.ndarray):
-        from .slots import fast_extend_batch
-        return state, fast_extend_batch(self.fast, state, codes)
+        return state, self.fast.extend_batch(state, codes)
 
     # ---------------------------------------------------------------- Fast-AR
     def fast_decode(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:
@@ -201,56 +199,3 @@ class NumpyBackend(Backend):
     def fast_extend(self, state: "FastState", codes: np.ndarray
                     ) -> tuple["FastState", np.ndarray]:
         return state, self.fast.extend(state, codes)
-
-
-@dataclass
-class FastState:
-    """The Fast-AR positions of one frame so far: K/V (n_layer, n_head_kv, capacity, d)."""
-
-    k: np.ndarray
-    v: np.ndarray
-    n: int = 0
-
-
-class FastDecoder:
-    """The Fast-AR (SPEC 5). s2.cpp recomputes every position per call; here a frame's calls
-    append to K/V kept in a FastState, with the same numbers (float32 throughout)."""
-
-    def __init__(self, wl: WeightLoader, row_ops: RowOps = NUMPY_OPS):
-        f = wl.mf.hparams.fast
-        self.row_ops = row_ops
-        weights = load_fast_ar(f, wl.matrix, wl.vector,
-                               lambda prefix, qk: BlockWeights.load(wl, prefix, qk))
-        self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
-        self.shape = f.stack
-        self.capacity = f.context_length
-
-    def start(self, hidden: np.ndarray, codes: np.ndarray) -> tuple[FastState, np.ndarray]:
-        """Position 0, project_in(hidden) or hidden, and the codes after it, in one run: a
-        frame's first call (one code) multiplies two rows by each weight as it streams past
-        (the few-row kernels) instead of reading every weight twice."""
-        s = self.shape
-        shape = (len(self.layers), s.n_head_kv, self.capacity, s.head_dim)
-        state = FastState(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
-        first = hidden[None, :]
-        if self.project_in is not None:
-            first = linear(first, self.project_in)
-        if len(codes):
-            first = np.concatenate([first, self._embed(codes)])
-        return state, self._run(state, first)
-
-    def extend(self, state: FastState, codes: np.ndarray) -> np.ndarray:
-        return self._run(state, self._embed(codes))
-
-    def _embed(self, codes: np.ndarray) -> np.ndarray:
-        return gather(self.embeddings, np.asarray(codes, dtype=np.int64))
-
-    def _run(self, state: FastState, x: np.ndarray) -> np.ndarray:
-        s, start = self.shape, state.n
-        cos, sin = ops.rope_tables(np.arange(start, start + x.shape[0]), s.head_dim, s.rope_base)
-        last = len(self.layers) - 1
-        for i, blk in enumerate(self.layers):
-            x = run_block(x, blk, s, cos, sin, state.k[i], state.v[i], start, i == last, False,
-                          row_ops=self.row_ops)
-        state.n = start + len(cos)
-        return linear(self.row_ops.rms_norm(x[-1], self.norm, s.eps)[None], self.output)[0]

@@ -1,38 +1,17 @@
 """One transformer block on NumPy (SPEC 2.5), shared by the Slow-AR, the Fast-AR and the
-several-sequence path (slots.py): its weights, the QKV projection, attention over a cache and
-the block itself; and the Slow-AR's input embedding of a batch of token rows."""
+several-sequence path (slots.py): the QKV projection, attention over a cache, the block over
+one sequence's rows (run_block) and over several sequences' (run_block_segments, whose rows
+get run_block's numbers); and the Slow-AR's input embedding of a batch of token rows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from s2core.plugin import EvalBatch, ModelFile, StackShape, load_block
+from s2core.plugin import BlockWeights, EvalBatch, ModelFile, StackShape
 
 from . import ops
 from .ops import NUMPY_OPS, RowOps
-from .weights import Weight, WeightLoader, gather, linear
-
-
-@dataclass
-class BlockWeights:
-    """One transformer block's tensors, PyTorch order [out, in]; matrices float32 or kept
-    as stored (tiled.TiledMatrix)."""
-
-    attn_norm: np.ndarray
-    ffn_norm: np.ndarray
-    wqkv: Weight
-    wo: Weight
-    w1: Weight
-    w3: Weight
-    w2: Weight
-    q_norm: np.ndarray | None
-    k_norm: np.ndarray | None
-
-    @classmethod
-    def load(cls, wl: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        return cls(**load_block(prefix, qk_norm, wl.matrix, wl.vector))
+from .weights import Weight, gather, linear
 
 
 def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
@@ -100,6 +79,67 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
     gate_up = ops.silu(linear(f, blk.w1, on_workers)) * linear(f, blk.w3, on_workers)
     return h + linear(gate_up, blk.w2, on_workers)
+
+
+def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: np.ndarray,
+                       segments: list[tuple[int, int, int]], k_layer, v_layer,
+                       last_only: bool, round_f16: bool, prefix_layer=None,
+                       row_ops: ops.RowOps = ops.NUMPY_OPS) -> np.ndarray:
+    """layers.run_block for several sequences: x holds every segment's rows. segments:
+    (lo, hi, start) per sequence; k_layer(i) / v_layer(i): segment i's cache of this layer.
+    prefix_layer(i): None, or the (K, V) of this layer of the shared prefix segment i starts
+    with: its n rows are positions [0, n), and its own cache holds positions n and later.
+    last_only: only each segment's last row is returned (in segment order).
+    row_ops: the norms', rotation's and attention's code, as on the one-sequence path."""
+    q, k, v = qkv_projection(x, blk, s, cos, sin, row_ops=row_ops)
+    attn, kept = [], []
+    for i, (lo, hi, start) in enumerate(segments):
+        end = start + hi - lo
+        shared = None if prefix_layer is None else prefix_layer(i)
+        base = 0 if shared is None else shared[0].shape[1]
+        k_cache, v_cache = k_layer(i), v_layer(i)
+        k_new, v_new = k_cache[:, start - base:end - base], v_cache[:, start - base:end - base]
+        k_new[...] = k[lo:hi].transpose(1, 0, 2)  # unrounded within this call, as run_block
+        v_new[...] = v[lo:hi].transpose(1, 0, 2)
+        q_lo, q_start = lo, start
+        if last_only and hi - lo > 1:
+            q_lo, q_start = hi - 1, end - 1
+        if shared is None:
+            attn.append(row_ops.attention(q[q_lo:hi], k_cache, v_cache, end, q_start,
+                                          s.attn_scale))
+        else:
+            attn.append(prefixed_attention(q[q_lo:hi], *shared, k_cache[:, :end - base],
+                                           v_cache[:, :end - base], q_start, s.attn_scale))
+        kept.append((q_lo, hi))
+        if round_f16:
+            k_new[...] = k_new.astype(np.float16)
+            v_new[...] = v_new.astype(np.float16)
+    if sum(hi - lo for lo, hi in kept) != x.shape[0]:  # last_only dropped earlier rows
+        x = np.concatenate([x[lo:hi] for lo, hi in kept])
+    a = attn[0] if len(attn) == 1 else np.concatenate(attn)
+    h = x + linear(a, blk.wo)
+    f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
+    return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
+
+
+def prefixed_attention(q: np.ndarray, k_prefix: np.ndarray, v_prefix: np.ndarray,
+                       k: np.ndarray, v: np.ndarray, q_start: int, scale: float) -> np.ndarray:
+    """ops.causal_attention over keys held in two blocks, the shared prefix's (positions
+    [0, n)) and then the sequence's own (positions n and later), without joining them: the
+    scores of both blocks go into one softmax, and the weighted sum reads each block's V in
+    place. Only the order of that last sum differs from one block (float32 rounding)."""
+    n, n_head, d = q.shape
+    n_kv, p = k_prefix.shape[0], k_prefix.shape[1]
+    t = p + k.shape[1]
+    group = n_head // n_kv
+    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
+    scores = np.empty((n_kv, group * n, t), np.float32)
+    scores[:, :, :p] = np.matmul(qg, k_prefix.transpose(0, 2, 1))
+    scores[:, :, p:] = np.matmul(qg, k.transpose(0, 2, 1))
+    scores *= np.float32(scale)
+    w = ops.causal_softmax(scores.reshape(n_kv, group, n, t), q_start).reshape(n_kv, group * n, t)
+    out = np.matmul(w[:, :, :p], v_prefix) + np.matmul(w[:, :, p:], v)  # (n_kv, group*n, d)
+    return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
 
 
 def embed(embeddings: Weight, model_file: ModelFile, batch: EvalBatch) -> np.ndarray:
