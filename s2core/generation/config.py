@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 
+from s2core.contract.inputs import is_integer
 from s2core.errors import InvalidInputError
 from s2core.generation.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, check_sampling
 
@@ -32,7 +32,7 @@ class Sampling:
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise InvalidInputError(name, f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise InvalidInputError(name, f"{name} must be >= {minimum}, got {value}")

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from s2core.contract import inputs
+from s2core.contract.inputs import is_integer
 from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
                      InvalidInputError, ModelBusyError, S2CoreError)
 from s2core.serving.held_voices import HeldVoice, HeldVoices
@@ -71,8 +72,7 @@ class BatchedModel:
         if not isinstance(model, SlowARModel):
             raise InvalidInputError("model", f"model must be an s2core model (s2core.load), "
                                     f"got {type(model).__name__}")
-        if isinstance(idle_voices, (bool, np.bool_)) or not isinstance(
-                idle_voices, (int, np.integer)) or idle_voices < 0:
+        if not is_integer(idle_voices) or idle_voices < 0:
             raise InvalidInputError("idle_voices", f"idle_voices must be an int >= 0, got "
                                     f"{idle_voices!r}")
         self.model = model
@@ -130,7 +130,7 @@ class BatchedModel:
         allocated, as does an allocation that fails; either way the previous slots (or the
         model's cache) stay as they were."""
         for name, value in (("n_slots", n_slots), ("max_seq_len", max_seq_len)):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            if not is_integer(value):
                 raise InvalidInputError(f"{name}_type", f"{name} must be an int, got {value!r}")
         n_slots, max_seq_len = int(n_slots), int(max_seq_len)
         cap = self.max_batch_sequences
@@ -436,7 +436,7 @@ class BatchedModel:
 
     def _check_slot(self, slot: Any) -> int:
         self._require_slots()
-        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
+        if not is_integer(slot):
             raise InvalidInputError("slot_type", f"a slot must be an int, got {slot!r}")
         if not 0 <= slot < self.n_slots:
             raise InvalidInputError("slot_range", f"slot {slot} is outside [0, n_slots="

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from s2core.contract.inputs import is_integer
 from s2core.serving.batching import IDLE_VOICES, BatchedModel
 from s2core.errors import CacheAllocationError, CacheOverflowError, InvalidInputError
 from s2core.generation.config import GenerationConfig
@@ -72,15 +73,13 @@ class Server:
         cap = self.batched.max_batch_sequences
         if max_sequences is None:
             max_sequences = cap
-        if isinstance(max_sequences, (bool, np.bool_)) or not isinstance(
-                max_sequences, (int, np.integer)) or not 1 <= max_sequences <= cap:
+        if not is_integer(max_sequences) or not 1 <= max_sequences <= cap:
             raise InvalidInputError("max_sequences", f"max_sequences must be an int in [1, "
                                     f"max_batch_sequences={cap}] for backend "
                                     f"{model.backend.name!r}, got {max_sequences!r}")
         if max_seq_len is not None:
             ctx = self.hparams.context_length
-            if isinstance(max_seq_len, (bool, np.bool_)) or not isinstance(
-                    max_seq_len, (int, np.integer)) or not 0 < max_seq_len <= ctx:
+            if not is_integer(max_seq_len) or not 0 < max_seq_len <= ctx:
                 raise InvalidInputError("max_seq_len_range", f"max_seq_len must be an int in "
                                         f"[1, context_length={ctx}], got {max_seq_len!r}")
         self.max_sequences = int(max_sequences)
