@@ -100,3 +100,17 @@ def probe_problems(probe: Any) -> list[str]:
     else:
         p += probe.capabilities.problems()
     return p
+
+
+def loaded_capabilities_problems(capabilities: Any, probed: Capabilities | None) -> list[str]:
+    """What is wrong with a loaded backend's `capabilities`: the probe's checks, and the
+    claim the probe's answer bounds (the cache type among those it offers)."""
+    if not isinstance(capabilities, Capabilities):
+        return [f"capabilities is {type(capabilities).__name__}, not Capabilities"]
+    p = capabilities.problems()
+    if p or probed is None:
+        return p
+    if capabilities.kv_cache_dtype not in probed.supported_kv_cache_dtypes:
+        p.append(f"kv_cache_dtype={capabilities.kv_cache_dtype!r} is not among the "
+                 f"{probed.supported_kv_cache_dtypes} its probe offers")
+    return p

@@ -41,6 +41,9 @@ OPTIONS_DECLARED = "options-declared-and-checked"
 FAST_AR_OWN_HPARAMS = "fast-ar-uses-its-own-hparams"
 CONCURRENCY = "threads-never-interleave"
 LIFE_CYCLE = "close-releases-and-failed-init-keeps-the-cache"
+CACHE_BYTES_HOLD = "declared-kv-cache-bytes-hold"
+WEIGHT_BYTES_HOLD = "declared-weight-holding-holds"
+BACKEND_ERRORS = "backend-failures-reach-users-as-s2core-errors"
 
 #: rule name -> what it says (the README's list)
 RULES = {
@@ -63,6 +66,17 @@ RULES = {
     LIFE_CYCLE: "close() releases the weights and the file's mapping and every later call "
                 "raises ModelClosedError; an init_kv_cache that cannot be allocated raises "
                 "CacheAllocationError and keeps the previous cache and n_past",
+    CACHE_BYTES_HOLD: "the cache takes the bytes per position its held type "
+                      "(kv_cache_storage_dtype, else kv_cache_dtype) says, for every offered "
+                      "cache type: the core's memory limit and `s2core info` count by it",
+    WEIGHT_BYTES_HOLD: "the bytes a load copies are at most what native_weight_types, "
+                       "native_weight_overhead, widened_weight_dtype and mapped_weight_types "
+                       "say: a type declared mapped is used from the file's pages, not copied",
+    BACKEND_ERRORS: "whatever a backend raises in any call the core makes "
+                      "reaches the user as an S2CoreError (BackendError naming the backend and "
+                      "the call, CacheAllocationError for an allocation, "
+                      "BackendOutOfMemoryError for a MemoryError), and the model is as before "
+                      "the call: the next call gives what a model that never saw it gives",
 }
 
 
