@@ -27,6 +27,7 @@ from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 from s2core.kit.batching_rules import (CONFIG, FAST_BATCH, JOIN_LEAVE, MAX_BATCH, OWN_ROWS, SEQUENCES,
                              SLOT_CHECKS, SLOT_MEMORY, SLOT_METHODS, SLOT_RESULTS_KEPT,
+                             SLOT_SNAPSHOTS, VOICE_HELD_ONCE,
                              SLOTS_ALONE, alone_run, checked_call, describe_call, fail,
                              kv_differs, n_slots_for, rel_err, sequences, voice_prefix)
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
@@ -115,6 +116,60 @@ class BatchingConformance(VoiceAndServingConformance):
         if n_slots > 1:
             assert calls < sum(f + 1 for _, f in SEQUENCES), "sequences never shared a call"
         b.close()
+
+    def test_slot_snapshots_are_copies(self, open_model):
+        m = open_model(CONFIG, "f32")  # one KV head: the shape where a view is easiest to leak
+        b = BatchedModel(m)
+        n_slots = n_slots_for(m, 2)
+        (prompt, frames), = sequences()[:1]
+        b.init_slots(n_slots, len(prompt) + 2)
+        b.eval([(0, prompt)])
+        first = b.kv_slot_snapshot(0)
+        if any(a.dtype != np.float32 for a in first):
+            fail(SLOT_SNAPSHOTS, f"expected float32 snapshots, seen {first[0].dtype} and "
+                 f"{first[1].dtype}")
+        kept = tuple(a.copy() for a in first)
+        b.eval([(0, frames[0])])
+        b.eval([(0, frames[1])])  # the slot is now full
+        if not all(np.array_equal(a, c) for a, c in zip(first, kept)):
+            fail(SLOT_SNAPSHOTS, "expected a snapshot unchanged by later calls, seen it "
+                 "changed: read_kv_slot returned views of the live slot, not copies")
+        second = b.kv_slot_snapshot(0)
+        kept = tuple(a.copy() for a in second)
+        for a in second:
+            if a.flags.writeable:
+                a += 1.0
+        third = b.kv_slot_snapshot(0)
+        if not all(np.array_equal(a, c) for a, c in zip(third, kept)):
+            fail(SLOT_SNAPSHOTS, "expected the slot unchanged when a snapshot of it is "
+                 "changed, seen a later snapshot change with it: read_kv_slot returned views")
+        if any(np.shares_memory(a, c) for a, c in zip(third, second)):
+            fail(SLOT_SNAPSHOTS, "expected two snapshots in separate memory, seen them share it")
+        b.close()
+
+    def test_a_shared_voice_is_held_once(self, open_model):
+        from s2core.kit.declared import traced_growth
+        m = open_model(CONFIG, "f32")
+        if not m.capabilities.shares_kv_prefix:
+            pytest.skip(f"{m.backend.name}: declares no shared voice prefixes")
+        (prompt, _), = sequences()[:1]
+        prefix = voice_prefix(m, prompt)
+        b = BatchedModel(m)
+        n_slots = n_slots_for(m, 4)
+        b.init_slots(n_slots, 16)
+        _, grown = traced_growth(lambda: [b.restore_prefix(s, prefix) for s in range(n_slots)])
+        voice = backend_kv_cache_bytes(m.hparams, prefix.n_positions, m.capabilities)
+        b.close()
+        if grown < voice / 4:
+            pytest.skip(f"{m.backend.name}: the voice is not allocated through Python's or "
+                        "NumPy's allocators: tracemalloc cannot measure it")
+        # + the core's copy of the token rows and its small records of the voice
+        allowed = 1.1 * voice + prefix.tokens.nbytes + 8 * 1024
+        if grown > allowed:
+            fail(VOICE_HELD_ONCE, f"expected {n_slots} slots restoring one voice of "
+                 f"{prefix.n_positions} positions to add about {voice} bytes (one voice in "
+                 f"{m.capabilities.kv_cache_held_dtype}), at most {allowed:.0f}, seen {grown}: "
+                 "attach_kv_prefix copies the voice into each slot")
 
     def test_slots_advance_by_their_own_rows(self, open_model):
         """Slots of different lengths in the same calls, not in slot order, one slot left

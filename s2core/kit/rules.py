@@ -365,10 +365,14 @@ def _threads(*bodies: Callable[[], Any], timeout: float = 120.0) -> list[BaseExc
 
 
 def _run_steps(m: Any, prompt: np.ndarray, frames: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """hidden, logits and Fast-AR logits of every call, then K and V."""
     m.init_kv_cache(len(prompt) + len(frames))
-    logits = [m.prefill(prompt).logits] + [m.step(f).logits for f in frames]
+    results = [m.prefill(prompt)] + [m.step(f) for f in frames]
+    fast = [m.fast_decode(r.hidden, f[1:1 + i % m.hparams.num_codebooks]) for i, (r, f) in
+            enumerate(zip(results, frames))]
     k, v = m.kv_cache_snapshot()
-    return np.stack(logits), k, v
+    return (np.stack([r.hidden for r in results]), np.stack([r.logits for r in results]),
+            np.stack(fast), k, v)
 
 
 def _maps_file(path: Path) -> bool | None:
@@ -420,20 +424,24 @@ class ThreadAndLifeCycleRules:
         if refused != [True]:
             fail(CONCURRENCY, "another thread's step() during a stream was not refused with "
                  "ModelBusyError")
-        # two models in two threads, each as it is alone
-        alone = _run_steps(open_model("gqa4", "f32"), prompt, frames)
+        # two models in two threads, each on its own input, each as it is alone: module-global
+        # scratch shared by the instances shows as one model's values in the other's results
+        inputs = [(prompt, frames), (mixed_prompt(hp, 8, rng),
+                                     [semantic_frame(hp, rng) for _ in range(len(frames))])]
+        alone = [_run_steps(open_model("gqa4", "f32"), *inputs[i]) for i in range(2)]
         pair = [open_model("gqa4", "f32"), open_model("gqa4", "f32")]
         results: dict[int, tuple[np.ndarray, ...]] = {}
-        errors = _threads(*(lambda i=i: results.__setitem__(i, _run_steps(pair[i], prompt, frames))
+        errors = _threads(*(lambda i=i: results.__setitem__(i, _run_steps(pair[i], *inputs[i]))
                             for i in range(2)))
         if errors:
             fail(CONCURRENCY, f"two models in two threads raised {errors[0]!r}")
         for i, got in results.items():
-            for what, a, b in zip(("logits", "K cache", "V cache"), got, alone):
+            for what, a, b in zip(("hidden", "logits", "Fast-AR logits", "K cache", "V cache"),
+                                  got, alone[i]):
                 if not np.array_equal(a, b):
-                    fail(CONCURRENCY, f"model {i} of two run in two threads gave other {what} "
-                         f"than one model alone (max difference "
-                         f"{np.abs(a - b).max():.3g}): the instances share state")
+                    fail(CONCURRENCY, f"expected model {i} of two run in two threads (other "
+                         f"inputs) to give the {what} it gives alone, seen a max difference of "
+                         f"{np.abs(a - b).max():.3g}: the instances share state")
 
     def test_rule_close_releases_and_failed_init_keeps_the_cache(self, open_model, backend,
                                                                  backend_options, tmp_path):
