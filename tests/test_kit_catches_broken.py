@@ -21,6 +21,7 @@ import pytest
 
 from s2core.kit import batching_rules as kb
 from s2core.kit.batching import BatchingConformance
+from s2core.kit.codec_conformance import CODEC_RULES, CODEC_STATE_KEPT, CodecConformance
 from s2core.kit.rules import (BACKEND_ERRORS, CACHE_BYTES_HOLD, CACHE_DTYPE_HOLDS,
                               COMPUTE_DTYPE_HOLDS, CONCURRENCY, FAST_AR_OWN_HPARAMS, LIFE_CYCLE,
                               OPTIONS_DECLARED, RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES,
@@ -124,6 +125,21 @@ BATCH_CONTROLS = ("numpy", "example")
 #: (control, batching test) skipped by design: the example declares no shared voices
 BATCH_SKIPS = {("example", "test_a_shared_voice_is_held_once")}
 BATCH_TESTS = sorted(name for name in dir(BatchingConformance) if name.startswith("test_"))
+#: broken codec (kit_broken_codec.py) -> the codec test that must fail, with its rule
+CODEC_EXPECTED = {
+    "broken_codec_mutates_stream_state": ("test_rule_codec_stream_state_is_never_modified",
+                                          CODEC_STATE_KEPT),
+}
+#: honest codecs every codec test must pass or skip: NumPy's, and one without an encoder
+#: (the kit once failed its bad-audio test instead of skipping it)
+CODEC_CONTROLS = ("numpy", "broken_codec_without_encoder")
+CODEC_TESTS = sorted(name for name in dir(CodecConformance) if name.startswith("test_"))
+CODEC_MODULE = """
+from s2core.kit.codec_conformance import CodecConformance
+
+class TestThirdPartyBackend(CodecConformance):
+    pass
+"""
 KIT_MODULE = """
 from s2core.kit.conformance import BackendConformance
 
@@ -157,9 +173,16 @@ def batch_report(tmp_path_factory):
                     [*BATCH_EXPECTED, *BATCH_CONTROLS])
 
 
-def _run_kit(folder: Path, selection: list[str], backends: list[str]
+@pytest.fixture(scope="module")
+def codec_report(tmp_path_factory):
+    """As kit_report, for the codec kit on the broken codec and the controls."""
+    return _run_kit(tmp_path_factory.mktemp("kit-codec"), ["test_third_party.py"],
+                    [*CODEC_EXPECTED, *CODEC_CONTROLS], CODEC_MODULE)
+
+
+def _run_kit(folder: Path, selection: list[str], backends: list[str], module: str = KIT_MODULE
              ) -> dict[tuple[str, str], tuple[str, str]]:
-    (folder / "test_third_party.py").write_text(KIT_MODULE)
+    (folder / "test_third_party.py").write_text(module)
     env = dict(os.environ, S2CORE_PLUGINS="kit_broken_plugin",
                PYTHONPATH=os.pathsep.join([str(BROKEN_DIR), os.environ.get("PYTHONPATH", "")]))
     args = [sys.executable, "-m", "pytest", "-p", "s2core.kit.pytest_plugin", "-p",
@@ -170,7 +193,9 @@ def _run_kit(folder: Path, selection: list[str], backends: list[str]
     assert (folder / "kit.xml").exists(), run.stdout[-3000:] + run.stderr[-3000:]
     report = {}
     for case in ET.parse(folder / "kit.xml").getroot().iter("testcase"):
-        test, _, backend = case.get("name").partition("[")
+        test, _, params = case.get("name").partition("[")
+        ids = params.rstrip("]").split("-")  # a parametrized test's ids, the backend's among them
+        backend = next((b for b in backends if b in ids), params.rstrip("]"))
         failure = case.find("failure")
         error = case.find("error")
         skipped = case.find("skipped")
@@ -180,8 +205,18 @@ def _run_kit(folder: Path, selection: list[str], backends: list[str]
             outcome = ("error", error.get("message", "") + (error.text or ""))
         else:
             outcome = ("skipped" if skipped is not None else "passed", "")
-        report[(test.removeprefix("test_rule_"), backend.rstrip("]"))] = outcome
+        # a parametrized test's cases on one backend count as one outcome, the worst
+        key = (test.removeprefix("test_rule_"), backend)
+        report[key] = _worst(report.get(key), outcome)
     return report
+
+
+def _worst(before: tuple[str, str] | None, now: tuple[str, str]) -> tuple[str, str]:
+    """Of two outcomes of one test on one backend, the one to report (a failure first)."""
+    order = ("failed", "error", "passed", "skipped")
+    if before is None:
+        return now
+    return min(before, now, key=lambda o: order.index(o[0]))
 
 
 def assert_failed_naming(outcome: str, message: str, broken: str, test: str,
@@ -227,3 +262,20 @@ def test_every_batching_rule_has_a_broken_backend():
     other rules check (a backend that breaks those breaks the server's too)."""
     without = {kb.SLOT_CHECKS, kb.SERVED}
     assert {rule for _, rule in BATCH_EXPECTED.values()} | without == set(kb.BATCHING_RULES)
+
+
+@pytest.mark.parametrize("broken", sorted(CODEC_EXPECTED))
+def test_the_codec_kit_fails_each_broken_codec_naming_the_rule(codec_report, broken):
+    test, rule = CODEC_EXPECTED[broken]
+    outcome, message = codec_report[(test.removeprefix("test_rule_"), broken)]
+    assert_failed_naming(outcome, message, broken, test, rule_message(rule, "", CODEC_RULES))
+
+
+@pytest.mark.parametrize("control", CODEC_CONTROLS)
+def test_honest_codecs_pass_the_codec_kit(codec_report, control):
+    ran = {test: outcome for (test, backend), outcome in codec_report.items()
+           if backend == control}
+    assert len(ran) == len(CODEC_TESTS), sorted(ran)
+    assert all(o in ("passed", "skipped") for o, _ in ran.values()), ran
+    if control == "broken_codec_without_encoder":
+        assert ran["test_bad_audio"][0] == "skipped", ran["test_bad_audio"]

@@ -1,5 +1,7 @@
 """Registers the broken backends (kit_broken_backends.py) under $S2CORE_PLUGINS."""
 
+import dataclasses
+
 from s2core.contract.plugin_spec import BackendSpec, Option, Probe, hookimpl
 from s2core_example.plugin import CAPABILITIES
 from s2core_numpy.plugin import OPTIONS as NUMPY_OPTIONS
@@ -20,6 +22,16 @@ def spec(name, cls, caps=CAPABILITIES, options=F32_ONLY, module="kit_broken_back
 def batch_spec(name, cls, module="kit_broken_batching"):
     """A broken variation of the NumPy backend (kit_broken_batching.py)."""
     return spec(name, cls, numpy_capabilities(), NUMPY_OPTIONS, module)
+
+
+def codec_spec(name, codec_class, encode=True):
+    """NumPy's backend with a codec of kit_broken_codec.py."""
+    caps = numpy_capabilities()
+    caps = dataclasses.replace(caps, codec=dataclasses.replace(caps.codec, encode=encode))
+    return BackendSpec(name=f"broken_{name}", backend_class="s2core_numpy.backend:NumpyBackend",
+                       codec_class=f"kit_broken_codec:{codec_class}",
+                       probe=lambda: Probe(True, "broken on purpose", caps), priority=-100,
+                       options=NUMPY_OPTIONS)
 
 
 def declared_spec(name, cls, numpy=False):
@@ -87,4 +99,7 @@ def s2core_backends():
         declared_spec("key_error_in_allocate", "KeyErrorInAllocate"),
         declared_spec("index_error_in_eval", "IndexErrorInEval"),
         declared_spec("global_scratch_hidden", "GlobalScratchHidden"),
+        # codecs (kit_broken_codec.py)
+        codec_spec("codec_mutates_stream_state", "MutatesStreamState"),
+        codec_spec("codec_without_encoder", "NoEncoder", encode=False),
     ]
