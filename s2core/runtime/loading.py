@@ -65,7 +65,8 @@ def open_backend(registry: Registry, name: str, backend_cls: type[Backend],
     try:
         with backend_call(name, "capabilities"):
             problems = loaded_capabilities_problems(instance.capabilities,
-                                                    registry.info(name).capabilities)
+                                                    registry.info(name).capabilities,
+                                                    type(instance))
     except BaseException:
         _close_quietly(instance)
         raise

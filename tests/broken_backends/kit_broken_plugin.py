@@ -94,6 +94,7 @@ def s2core_backends():
         declared_spec("claims_mapped_but_copies", "ClaimsMappedButCopies", numpy=True),
         declared_spec("batch_shares_prefix_but_copies", "SharesPrefixButCopies", numpy=True),
         declared_spec("batch_slot_snapshot_views", "SlotSnapshotViews", numpy=True),
+        declared_spec("batch_drifts", "BatchedDrift", numpy=True),
         declared_spec("loaded_cache_type_f12", "LoadedCacheTypeF12"),
         declared_spec("loaded_negative_batch", "LoadedNegativeBatch"),
         declared_spec("key_error_in_allocate", "KeyErrorInAllocate"),
