@@ -20,14 +20,14 @@ from s2core.kit.models import CONFIGS
 from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core.kit.rules import BACKEND_ERRORS, fail
 
-#: (exception the backend raises, what the user must see instead)
-FAULTS = ((IndexError("injected by the s2core kit"), BackendError),
-          (MemoryError("injected by the s2core kit"), BackendOutOfMemoryError))
+#: (exception type the backend raises, what the user must see instead); each injection
+#: raises a new instance, so no traceback (and no model in its frames) outlives its test
+FAULTS = ((IndexError, BackendError), (MemoryError, BackendOutOfMemoryError))
 
 
 def inject(backend: Any, method: str, exc: BaseException, late: bool) -> Callable[[], None]:
-    """Make the instance's `method` raise `exc` once, before (early) or after (late) its own
-    work; returns the undo."""
+    """Make the instance's `method` raise `exc` (a new instance) once, before (early) or
+    after (late) its own work; returns the undo."""
     original = getattr(backend, method)
 
     def faulty(*args: Any, **kwargs: Any) -> Any:
@@ -64,35 +64,35 @@ class BackendErrorRules:
         be = m.backend
         fast_calls = (("fast_start", "fast_extend") if be.incremental_fast_decode
                       else ("fast_decode",))
-        for exc, want in FAULTS:
+        for kind, want in FAULTS:
             for late in (False, True):
                 when = "after its own work" if late else "before its work"
                 # an evaluation: n_past and the cache stay, the next step is a clean one's
                 k, v = m.kv_cache_snapshot()
-                self._expect(be, "eval_cached", exc, late, want, lambda: m.step(frames[0]))
+                self._expect(be, "eval_cached", kind, late, want, lambda: m.step(frames[0]))
                 if m.n_past != len(prompt):
                     fail(BACKEND_ERRORS, f"expected n_past={len(prompt)} after a step whose "
-                         f"eval_cached raised {type(exc).__name__} {when}, seen {m.n_past}")
+                         f"eval_cached raised {kind.__name__} {when}, seen {m.n_past}")
                 k2, v2 = m.kv_cache_snapshot()
                 if not (np.array_equal(k, k2) and np.array_equal(v, v2)):
                     fail(BACKEND_ERRORS, f"expected the cache below n_past unchanged by a "
-                         f"failed eval_cached ({type(exc).__name__} {when}), seen it changed")
+                         f"failed eval_cached ({kind.__name__} {when}), seen it changed")
                 # the Fast-AR: a failed call leaves no half sequence behind
                 for call in fast_calls:
                     # fast_extend is reached when the call extends the last sequence ([1]),
                     # fast_start when it does not ([3])
                     m.fast_decode(hidden, [1] if call == "fast_extend" else [3])
-                    self._expect(be, call, exc, late, want,
+                    self._expect(be, call, kind, late, want,
                                  lambda: m.fast_decode(hidden, [1, 2]))
                 got = m.fast_decode(hidden, [1, 2])
                 if not np.array_equal(got, expected_fast):
                     fail(BACKEND_ERRORS, f"expected the Fast-AR logits of a clean model after "
-                         f"a failed Fast-AR call ({type(exc).__name__} {when}), seen a max "
+                         f"a failed Fast-AR call ({kind.__name__} {when}), seen a max "
                          f"difference of {np.abs(got - expected_fast).max():.3g}")
             # reading the cache
-            self._expect(be, "read_kv_cache", exc, False, want, m.kv_cache_snapshot)
+            self._expect(be, "read_kv_cache", kind, False, want, m.kv_cache_snapshot)
             # an allocation keeps the previous cache
-            self._expect(be, "allocate_kv_cache", exc, False, CacheAllocationError,
+            self._expect(be, "allocate_kv_cache", kind, False, CacheAllocationError,
                          lambda: m.init_kv_cache(len(prompt) + len(frames) + 1))
             if (m.max_seq_len, m.n_past) != (len(prompt) + len(frames), len(prompt)):
                 fail(BACKEND_ERRORS, f"expected max_seq_len={len(prompt) + len(frames)}, "
@@ -105,8 +105,9 @@ class BackendErrorRules:
                  "call changed the backend's state")
 
     @staticmethod
-    def _expect(backend: Any, method: str, exc: BaseException, late: bool,
+    def _expect(backend: Any, method: str, kind: type[BaseException], late: bool,
                 want: type[S2CoreError], call: Callable[[], Any]) -> None:
+        exc = kind("injected by the s2core kit")
         undo = inject(backend, method, exc, late)
         try:
             call()

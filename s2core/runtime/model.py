@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from s2core.contract import inputs
-from s2core.errors import backend_call
 from s2core.contract.backend import Backend, Capabilities
 from s2core.runtime.chunking import chunk_bounds, prefill_chunk_size
 from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
-                     InvalidInputError, PrefixMismatchError, S2CoreError)
+                     InvalidInputError, PrefixMismatchError, S2CoreError, backend_call)
 from s2core.modelfile.file import ModelFile
 from s2core.runtime.guard import ModelGuard, guarded
 from s2core.modelfile.hparams import Hparams

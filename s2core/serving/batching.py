@@ -31,9 +31,9 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from s2core.contract import inputs
-from s2core.errors import backend_call
-from s2core.errors import (BackendError, CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
-                     InvalidInputError, ModelBusyError, S2CoreError)
+from s2core.errors import (BackendError, CacheAllocationError, CacheNotInitializedError,
+                           CacheOverflowError, InvalidInputError, ModelBusyError, S2CoreError,
+                           backend_call)
 from s2core.serving.held_voices import HeldVoice, HeldVoices
 from s2core.runtime.memory import backend_kv_cache_bytes, describe_bytes
 from s2core.runtime.model import Result, SlowARModel
