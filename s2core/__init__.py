@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from s2core.contract.backend import Backend, Capabilities
 from s2core.codec import Codec, CodecBackend, CodecCapabilities, StreamDecoder
-from s2core.errors import (BackendRegistryError, BackendUnavailableError, CacheAllocationError,
+from s2core.errors import (BackendError, BackendOutOfMemoryError, BackendRegistryError,
+                     BackendUnavailableError, CacheAllocationError,
                      CacheNotInitializedError, CacheOverflowError, ModelBusyError,
                      ModelClosedError, FileFormatError, InvalidInputError, InvalidTokensError,
                      ModelFileError, PrefixFileError, PrefixMismatchError, S2CoreError,
@@ -35,7 +36,7 @@ __all__ = [
     "Capabilities", "EvalBatch", "Hparams", "FastHparams", "ModelFile", "BackendInfo",
     "S2CoreError", "InvalidInputError", "InvalidTokensError", "CacheOverflowError",
     "CacheNotInitializedError", "CacheAllocationError", "ModelBusyError", "ModelClosedError",
-    "ModelFileError", "BackendUnavailableError",
+    "ModelFileError", "BackendUnavailableError", "BackendError", "BackendOutOfMemoryError",
     "BackendRegistryError", "__version__", "KVPrefix", "ModelIdentity", "Tokenizer",
     "PrefixMismatchError", "FileFormatError", "PrefixFileError", "VoiceFileError",
     "TokenizerError",

@@ -6,6 +6,9 @@ it without reading our code. Input errors subclass ValueError, state errors Runt
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
 
 class S2CoreError(Exception):
     """Base class of every error raised by s2core."""
@@ -61,6 +64,23 @@ class BackendUnavailableError(S2CoreError, RuntimeError):
     """The requested backend is unknown, failed to load, or its probe says it cannot run here."""
 
 
+class BackendError(S2CoreError, RuntimeError):
+    """A backend raised something other than an s2core error: a bug or a failure of its own
+    (an IndexError, a driver's RuntimeError). `backend` and `call` name where; the original
+    exception is chained (`__cause__`). The model is as it was before the call."""
+
+    def __init__(self, backend: str, call: str, exc: BaseException):
+        super().__init__(f"backend {backend!r} failed in {call}: {type(exc).__name__}: "
+                         f"{str(exc)[:500]}")
+        self.backend = backend
+        self.call = call
+
+
+class BackendOutOfMemoryError(BackendError, MemoryError):
+    """A backend ran out of memory outside a cache allocation (an evaluation's scratch, a
+    decode's activations): MemoryError inside the backend."""
+
+
 class BackendRegistryError(S2CoreError, RuntimeError):
     """The registry itself is inconsistent, for example two backends with the same name."""
 
@@ -89,3 +109,23 @@ class VoiceFileError(FileFormatError):
 
 class TokenizerError(FileFormatError):
     """A tokenizer.json that cannot be loaded or lacks the special tokens S2 Pro's prompt uses."""
+
+
+@contextmanager
+def backend_call(backend: str, call: str,
+                 memory_error: Callable[[BaseException], S2CoreError] | None = None
+                 ) -> Iterator[None]:
+    """Where the core calls a backend (third-party code): what it raises reaches the user as
+    an s2core error. An S2CoreError passes as it is; a MemoryError becomes `memory_error(exc)`
+    (the caller's: CacheAllocationError for an allocation) or BackendOutOfMemoryError; any
+    other Exception a BackendError naming `backend` and `call`, the original chained. The
+    caller changes nothing before the backend returns, so its state is as it was."""
+    try:
+        yield
+    except S2CoreError:
+        raise
+    except MemoryError as exc:
+        raise (memory_error(exc) if memory_error is not None
+               else BackendOutOfMemoryError(backend, call, exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - third-party code: every kind is wrapped
+        raise BackendError(backend, call, exc) from exc

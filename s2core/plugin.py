@@ -18,7 +18,8 @@ move between releases. docs/contract.md describes each name.
   helpers `DecodeState`, `HistoryPass`.
 - The host: `available_host_memory_bytes`, `host_memory_bytes`.
 - The errors a backend raises: `InvalidInputError`, `BackendUnavailableError`,
-  `CacheAllocationError`, `S2CoreError`.
+  `CacheAllocationError`, `S2CoreError`; `BackendError` and `BackendOutOfMemoryError` are what
+  the core makes of any other exception a backend raises (docs/contract.md).
 """
 
 from s2core.codec.backend import CodecBackend, CodecCapabilities
@@ -29,8 +30,8 @@ from s2core.contract.backend import Backend, Capabilities, check_option
 from s2core.contract.host import available_host_memory_bytes, host_memory_bytes
 from s2core.contract.inputs import EvalBatch
 from s2core.contract.plugin_spec import ENTRY_POINT_GROUP, BackendSpec, Option, Probe, hookimpl
-from s2core.errors import (BackendUnavailableError, CacheAllocationError, InvalidInputError,
-                           S2CoreError)
+from s2core.errors import (BackendError, BackendOutOfMemoryError, BackendUnavailableError,
+                           CacheAllocationError, InvalidInputError, S2CoreError)
 from s2core.gguf.blocks import (QUANTIZED_TYPES, NonFiniteScalesWarning, block_shape,
                                 non_finite_scale_blocks)
 from s2core.modelfile.file import ModelFile
@@ -47,4 +48,5 @@ __all__ = [
     "ResidualUnit", "Transformer", "DecodeState", "HistoryPass",
     "available_host_memory_bytes", "host_memory_bytes",
     "InvalidInputError", "BackendUnavailableError", "CacheAllocationError", "S2CoreError",
+    "BackendError", "BackendOutOfMemoryError",
 ]

@@ -21,9 +21,11 @@ import pytest
 
 from s2core.kit import batching_rules as kb
 from s2core.kit.batching import BatchingConformance
-from s2core.kit.rules import (CACHE_DTYPE_HOLDS, COMPUTE_DTYPE_HOLDS, CONCURRENCY,
-                              FAST_AR_OWN_HPARAMS, LIFE_CYCLE, OPTIONS_DECLARED,
-                              RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES, rule_message)
+from s2core.kit.codec_conformance import CODEC_RULES, CODEC_STATE_KEPT, CodecConformance
+from s2core.kit.rules import (BACKEND_ERRORS, CACHE_BYTES_HOLD, CACHE_DTYPE_HOLDS,
+                              COMPUTE_DTYPE_HOLDS, CONCURRENCY, FAST_AR_OWN_HPARAMS, LIFE_CYCLE,
+                              OPTIONS_DECLARED, RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES,
+                              WEIGHT_BYTES_HOLD, rule_message)
 
 BROKEN_DIR = Path(__file__).parent / "broken_backends"
 
@@ -54,6 +56,30 @@ EXPECTED = {
                                       LIFE_CYCLE),
     "broken_loses_cache_on_failed_init": ("close_releases_and_failed_init_keeps_the_cache",
                                           LIFE_CYCLE),
+    # issue 22 (kit_broken_declared.py): claims the core sizes memory and picks by
+    "broken_cache_storage_understated": ("declared_kv_cache_bytes_hold", CACHE_BYTES_HOLD),
+    "broken_claims_mapped_but_copies": ("declared_weight_holding_holds", WEIGHT_BYTES_HOLD),
+    # invalid loaded capabilities are refused by load(): every test fails at its first load,
+    # naming its own rule and the refusal (DETAIL)
+    "broken_loaded_cache_type_f12": ("declared_kv_cache_dtype_holds", CACHE_DTYPE_HOLDS),
+    "broken_loaded_negative_batch": ("declared_kv_cache_dtype_holds", CACHE_DTYPE_HOLDS),
+    # foreign exceptions on valid input reach the kit as s2core errors naming the call
+    "broken_key_error_in_allocate": ("backend_failures_reach_users_as_s2core_errors",
+                                     BACKEND_ERRORS),
+    "broken_index_error_in_eval": ("backend_failures_reach_users_as_s2core_errors",
+                                   BACKEND_ERRORS),
+    # only hidden is shared: the rule compares it, on different inputs per thread
+    "broken_global_scratch_hidden": ("threads_never_interleave", CONCURRENCY),
+}
+#: broken backend -> text its failure must also hold (what the user is told)
+DETAIL = {
+    "broken_loaded_cache_type_f12": "declares invalid capabilities once loaded: "
+                                    "kv_cache_dtype='f12'",
+    "broken_loaded_negative_batch": "declares invalid capabilities once loaded: "
+                                    "max_batch_sequences=-3",
+    "broken_key_error_in_allocate": "CacheAllocationError",
+    "broken_index_error_in_eval": "failed in eval_cached(n_past=10, n_tokens=1): IndexError",
+    "broken_global_scratch_hidden": "to give the hidden it gives alone",
 }
 CONTROL = "example"
 
@@ -89,11 +115,32 @@ BATCH_EXPECTED = {
                                            kb.VOICE_RELEASED),
     "broken_batch_keeps_removed_voice": ("test_a_released_voice_frees_only_itself",
                                          kb.VOICE_RELEASED),
+    "broken_batch_slot_snapshot_views": ("test_slot_snapshots_are_copies", kb.SLOT_SNAPSHOTS),
+    "broken_batch_drifts": ("test_slots_equal_sequences_alone", kb.SLOTS_ALONE),
+    "broken_batch_shares_prefix_but_copies": ("test_a_shared_voice_is_held_once",
+                                              kb.VOICE_HELD_ONCE),
 }
 #: the unbroken backends every batching test must pass: NumPy (which the broken ones vary)
 #: and the example (one slot, the core's fallback)
 BATCH_CONTROLS = ("numpy", "example")
+#: (control, batching test) skipped by design: the example declares no shared voices
+BATCH_SKIPS = {("example", "test_a_shared_voice_is_held_once")}
 BATCH_TESTS = sorted(name for name in dir(BatchingConformance) if name.startswith("test_"))
+#: broken codec (kit_broken_codec.py) -> the codec test that must fail, with its rule
+CODEC_EXPECTED = {
+    "broken_codec_mutates_stream_state": ("test_rule_codec_stream_state_is_never_modified",
+                                          CODEC_STATE_KEPT),
+}
+#: honest codecs every codec test must pass or skip: NumPy's, and one without an encoder
+#: (the kit once failed its bad-audio test instead of skipping it)
+CODEC_CONTROLS = ("numpy", "broken_codec_without_encoder")
+CODEC_TESTS = sorted(name for name in dir(CodecConformance) if name.startswith("test_"))
+CODEC_MODULE = """
+from s2core.kit.codec_conformance import CodecConformance
+
+class TestThirdPartyBackend(CodecConformance):
+    pass
+"""
 KIT_MODULE = """
 from s2core.kit.conformance import BackendConformance
 
@@ -127,9 +174,16 @@ def batch_report(tmp_path_factory):
                     [*BATCH_EXPECTED, *BATCH_CONTROLS])
 
 
-def _run_kit(folder: Path, selection: list[str], backends: list[str]
+@pytest.fixture(scope="module")
+def codec_report(tmp_path_factory):
+    """As kit_report, for the codec kit on the broken codec and the controls."""
+    return _run_kit(tmp_path_factory.mktemp("kit-codec"), ["test_third_party.py"],
+                    [*CODEC_EXPECTED, *CODEC_CONTROLS], CODEC_MODULE)
+
+
+def _run_kit(folder: Path, selection: list[str], backends: list[str], module: str = KIT_MODULE
              ) -> dict[tuple[str, str], tuple[str, str]]:
-    (folder / "test_third_party.py").write_text(KIT_MODULE)
+    (folder / "test_third_party.py").write_text(module)
     env = dict(os.environ, S2CORE_PLUGINS="kit_broken_plugin",
                PYTHONPATH=os.pathsep.join([str(BROKEN_DIR), os.environ.get("PYTHONPATH", "")]))
     args = [sys.executable, "-m", "pytest", "-p", "s2core.kit.pytest_plugin", "-p",
@@ -140,7 +194,9 @@ def _run_kit(folder: Path, selection: list[str], backends: list[str]
     assert (folder / "kit.xml").exists(), run.stdout[-3000:] + run.stderr[-3000:]
     report = {}
     for case in ET.parse(folder / "kit.xml").getroot().iter("testcase"):
-        test, _, backend = case.get("name").partition("[")
+        test, _, params = case.get("name").partition("[")
+        ids = params.rstrip("]").split("-")  # a parametrized test's ids, the backend's among them
+        backend = next((b for b in backends if b in ids), params.rstrip("]"))
         failure = case.find("failure")
         error = case.find("error")
         skipped = case.find("skipped")
@@ -150,8 +206,18 @@ def _run_kit(folder: Path, selection: list[str], backends: list[str]
             outcome = ("error", error.get("message", "") + (error.text or ""))
         else:
             outcome = ("skipped" if skipped is not None else "passed", "")
-        report[(test.removeprefix("test_rule_"), backend.rstrip("]"))] = outcome
+        # a parametrized test's cases on one backend count as one outcome, the worst
+        key = (test.removeprefix("test_rule_"), backend)
+        report[key] = _worst(report.get(key), outcome)
     return report
+
+
+def _worst(before: tuple[str, str] | None, now: tuple[str, str]) -> tuple[str, str]:
+    """Of two outcomes of one test on one backend, the one to report (a failure first)."""
+    order = ("failed", "error", "passed", "skipped")
+    if before is None:
+        return now
+    return min(before, now, key=lambda o: order.index(o[0]))
 
 
 def assert_failed_naming(outcome: str, message: str, broken: str, test: str,
@@ -166,6 +232,7 @@ def test_the_kit_fails_each_broken_backend_naming_the_rule(kit_report, broken):
     test, rule = EXPECTED[broken]
     outcome, message = kit_report[(test, broken)]
     assert_failed_naming(outcome, message, broken, test, rule_message(rule, "", RULES))
+    assert DETAIL.get(broken, "") in message, message[:2000]
 
 
 def test_the_unbroken_example_passes_every_rule(kit_report):
@@ -187,7 +254,7 @@ def test_the_unbroken_backends_pass_every_batching_test(batch_report, control):
     ran = {test: outcome for (test, backend), outcome in batch_report.items()
            if backend == control}
     assert sorted(ran) == BATCH_TESTS
-    assert all(o == "passed" for o, _ in ran.values()), ran
+    assert all(o == "passed" or (control, test) in BATCH_SKIPS for test, (o, _) in ran.items()), ran
 
 
 def test_every_batching_rule_has_a_broken_backend():
@@ -196,3 +263,20 @@ def test_every_batching_rule_has_a_broken_backend():
     other rules check (a backend that breaks those breaks the server's too)."""
     without = {kb.SLOT_CHECKS, kb.SERVED}
     assert {rule for _, rule in BATCH_EXPECTED.values()} | without == set(kb.BATCHING_RULES)
+
+
+@pytest.mark.parametrize("broken", sorted(CODEC_EXPECTED))
+def test_the_codec_kit_fails_each_broken_codec_naming_the_rule(codec_report, broken):
+    test, rule = CODEC_EXPECTED[broken]
+    outcome, message = codec_report[(test.removeprefix("test_rule_"), broken)]
+    assert_failed_naming(outcome, message, broken, test, rule_message(rule, "", CODEC_RULES))
+
+
+@pytest.mark.parametrize("control", CODEC_CONTROLS)
+def test_honest_codecs_pass_the_codec_kit(codec_report, control):
+    ran = {test: outcome for (test, backend), outcome in codec_report.items()
+           if backend == control}
+    assert len(ran) == len(CODEC_TESTS), sorted(ran)
+    assert all(o in ("passed", "skipped") for o, _ in ran.values()), ran
+    if control == "broken_codec_without_encoder":
+        assert ran["test_bad_audio"][0] == "skipped", ran["test_bad_audio"]

@@ -21,43 +21,51 @@ def _gb(n: float) -> str:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    rows = s2core.list_backends()
     if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=1))
+        print(json.dumps([r.as_dict() for r in s2core.list_backends()], indent=1))
         return 0
-    default = None
+    # each row as its probe answers: a slow probe delays only its own row (listed as timed
+    # out when the limit is reached), then the default, which needs every row
+    shown: list = []
+    rows = s2core.get_registry().list(on_row=lambda r: (shown.append(r), _print_backend(r)))
+    for r in rows:
+        if not any(r is s for s in shown):
+            _print_backend(r)  # a plugin that failed to load
     try:
         default = s2core.default_backend()
     except S2CoreError as exc:
         print(f"no default backend: {exc}")
-    for r in rows:
-        mark = "*" if r.name == default else " "
-        state = "available  " if r.available else "UNAVAILABLE"
-        print(f"{mark} {r.name:<10} priority {r.priority:>4}  {state} {r.reason}")
-        print(f"    from {r.source}")
-        c = r.capabilities
-        if c is not None:
-            held = (f", held as {c.kv_cache_held_dtype}" if c.kv_cache_held_dtype != c.kv_cache_dtype
-                    else "")
-            print(f"    device {c.device}, accelerator {c.accelerator}, compute {c.compute_dtype}, "
-                  f"KV cache {c.kv_cache_dtype}{held} (offers "
-                  f"{', '.join(c.supported_kv_cache_dtypes)})")
-            print(f"    keeps as stored: {', '.join(sorted(c.native_weight_types))}; widens other "
-                  f"types to {c.widened_weight_dtype}"
-                  + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
-                     else ""))
-            if c.codec is not None:
-                k = c.codec
-                print(f"    codec: {k.compute_dtype} on {k.device}, "
-                      f"{'exact streaming' if k.streaming else 'windowed streaming'}, "
-                      f"{'encodes' if k.encode else 'decode only'}, codec priority "
-                      f"{k.priority if k.priority is not None else r.priority}")
-        if r.options:
-            print("    options: " + "; ".join(f"{o.name}={o.allowed()} (default {o.default!r})"
-                                           for o in r.options))
-    if default:
-        print(f"* default (set {s2core.contract.registry.ENV_BACKEND} to choose another)")
+        return 0
+    print(f"default: {default} (set {s2core.contract.registry.ENV_BACKEND} to choose another)")
     return 0
+
+
+def _print_backend(r: "s2core.BackendInfo") -> None:
+    """One row of `s2core backends`."""
+    state = "available  " if r.available else "UNAVAILABLE"
+    print(f"  {r.name:<10} priority {r.priority:>4}  {state} {r.reason}", flush=True)
+    print(f"    from {r.source}")
+    c = r.capabilities
+    if c is not None:
+        held = (f", held as {c.kv_cache_held_dtype}" if c.kv_cache_held_dtype != c.kv_cache_dtype
+                else "")
+        print(f"    device {c.device}, accelerator {c.accelerator}, compute {c.compute_dtype}, "
+              f"KV cache {c.kv_cache_dtype}{held} (offers "
+              f"{', '.join(c.supported_kv_cache_dtypes)})")
+        print(f"    keeps as stored: {', '.join(sorted(c.native_weight_types))}; widens other "
+              f"types to {c.widened_weight_dtype}"
+              + (" ; single-token semantic prefill" if c.requires_single_token_semantic_prefill
+                 else ""))
+        if c.codec is not None:
+            k = c.codec
+            print(f"    codec: {k.compute_dtype} on {k.device}, "
+                  f"{'exact streaming' if k.streaming else 'windowed streaming'}, "
+                  f"{'encodes' if k.encode else 'decode only'}, codec priority "
+                  f"{k.priority if k.priority is not None else r.priority}")
+    if r.options:
+        print("    options: " + "; ".join(f"{o.name}={o.allowed()} (default {o.default!r})"
+                                       for o in r.options))
+    sys.stdout.flush()
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -85,28 +93,34 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(_codec_line(args.model))
     print(f"KV cache at {args.ctx} positions: " + ", ".join(
         f"{d} {_gb(kv_cache_bytes(hp, args.ctx, d))}" for d in ("f16", "bf16", "f32")))
-    rows = s2core.list_backends()
-    chosen = s2core.default_backend(args.model)
-    print(f"memory on each backend (weights as held after load + KV cache); "
-          f"load() would pick {chosen}:")
-    for r in rows:
-        if r.capabilities is None:
-            continue
-        weights = resident_weight_bytes(mf, r.capabilities)
-        widened = any(not r.capabilities.keeps_native(t.type_name) for t in mf.model_tensors())
-        note = f" (widens to {r.capabilities.widened_weight_dtype})" if widened else ""
-        if copied_weight_bytes(mf, r.capabilities) == 0:
-            note += " (used in place from the file's memory map)"
-        state = "" if r.available else " [unavailable here]"
-        print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
-              f"{_gb(backend_kv_cache_bytes(hp, args.ctx, r.capabilities))}{state}")
-        for h in holdings(mf, r.capabilities):
-            how = ("kept as stored" if h.kept
-                   else f"widened to {r.capabilities.widened_weight_dtype}")
-            print(f"    {h.type_name:<6} {h.n_tensors:>4} tensors {how:<18} holds "
-                  f"{_gb(h.held_bytes):>12} ({h.held_bytes / h.file_bytes:.2f}x the file's "
-                  f"{_gb(h.file_bytes)})")
+    print("memory on each backend (weights as held after load + KV cache), as each probe "
+          "answers:", flush=True)
+    s2core.get_registry().list(on_row=lambda r: _print_memory(mf, r, args.ctx))
+    print(f"load() would pick {s2core.default_backend(args.model)}")
     return 0
+
+
+def _print_memory(mf: ModelFile, r: "s2core.BackendInfo", ctx: int) -> None:
+    """One backend's lines of `s2core info`."""
+    hp = mf.hparams
+    if r.capabilities is None:
+        print(f"  {r.name:<10} {r.reason}", flush=True)  # timed out, failed: no numbers
+        return
+    weights = resident_weight_bytes(mf, r.capabilities)
+    widened = any(not r.capabilities.keeps_native(t.type_name) for t in mf.model_tensors())
+    note = f" (widens to {r.capabilities.widened_weight_dtype})" if widened else ""
+    if copied_weight_bytes(mf, r.capabilities) == 0:
+        note += " (used in place from the file's memory map)"
+    state = "" if r.available else " [unavailable here]"
+    print(f"  {r.name:<10} weights {_gb(weights):>12}{note}, + cache "
+          f"{_gb(backend_kv_cache_bytes(hp, ctx, r.capabilities))}{state}")
+    for h in holdings(mf, r.capabilities):
+        how = ("kept as stored" if h.kept
+               else f"widened to {r.capabilities.widened_weight_dtype}")
+        print(f"    {h.type_name:<6} {h.n_tensors:>4} tensors {how:<18} holds "
+              f"{_gb(h.held_bytes):>12} ({h.held_bytes / h.file_bytes:.2f}x the file's "
+              f"{_gb(h.file_bytes)})")
+    sys.stdout.flush()
 
 
 def _codec_line(path: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from s2core.errors import InvalidInputError, S2CoreError
+from s2core.errors import InvalidInputError, S2CoreError, backend_call
 from s2core.codec.backend import CodecBackend, CodecCapabilities
 from s2core.codec.file import CodecFile
 from s2core.codec.hparams import CodecHparams
@@ -68,7 +68,10 @@ class Codec:
         codes = self.check_codes(codes)
         if codes.shape[1] == 0:
             return np.zeros(0, np.float32)
-        return self._audio(self._backend().decode(codes), codes.shape[1])
+        backend = self._backend()
+        with backend_call(backend.name, f"decode({codes.shape[1]} frames)"):
+            audio = backend.decode(codes)
+        return self._audio(audio, codes.shape[1])
 
     def stream_decoder(self, mode: str = "auto", history_frames: int | None = None
                        ) -> "StreamDecoder":
@@ -112,7 +115,8 @@ class Codec:
         # the strided convs pad the rest (CODEC.md 5.5): ceil(N / 2048) when frame_length
         # divides samples_per_frame, as in S2 Pro
         n_frames = -(-len(padded) // self.samples_per_frame)
-        codes = np.asarray(backend.encode(padded))
+        with backend_call(backend.name, f"encode({len(padded)} samples)"):
+            codes = np.asarray(backend.encode(padded))
         if codes.shape != (self.num_codebooks, n_frames):
             raise S2CoreError(f"backend {backend.name!r} encoded {len(audio)} samples into codes "
                               f"of shape {codes.shape}, expected {(self.num_codebooks, n_frames)}")
@@ -171,9 +175,12 @@ class Codec:
     def close(self) -> None:
         """Release the backend's weights and the file's memory map (idempotent)."""
         if self.backend is not None:
-            self.backend.close()
-            self.backend = None
-            self.codec_file.close()
+            backend, self.backend = self.backend, None
+            try:
+                with backend_call(backend.name, "close"):
+                    backend.close()
+            finally:
+                self.codec_file.close()
 
     def __enter__(self) -> "Codec":
         return self
@@ -214,13 +221,16 @@ class StreamDecoder:
             return np.zeros(0, np.float32)
         backend = self.codec._backend()
         if self.exact:
-            state = backend.begin_stream() if self._state is None else self._state
-            audio, new_state = backend.decode_stream(state, codes)
+            with backend_call(backend.name, f"decode_stream({n} frames)"):
+                state = backend.begin_stream() if self._state is None else self._state
+                audio, new_state = backend.decode_stream(state, codes)
             audio = self.codec._audio(audio, n)
             self._state = new_state
         else:
             window = np.concatenate([self._history, codes], axis=1)
-            audio = self.codec._audio(backend.decode(window), window.shape[1])
+            with backend_call(backend.name, f"decode({window.shape[1]} frames)"):
+                decoded = backend.decode(window)
+            audio = self.codec._audio(decoded, window.shape[1])
             audio = audio[-n * self.codec.samples_per_frame:]
             self._history = window[:, window.shape[1] - min(self.history_frames, window.shape[1]):]
         self._frames += n

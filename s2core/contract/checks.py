@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from s2core.contract.backend import Capabilities, is_int
+from s2core.contract.backend import Backend, Capabilities, is_int
 from s2core.contract.plugin_spec import BackendSpec, Option, Probe
 
 #: backend names: what users type in load(backend=...) and $S2CORE_BACKEND
@@ -95,4 +95,46 @@ def probe_problems(probe: Any) -> list[str]:
         p.append(f"capabilities is {type(probe.capabilities).__name__}, not Capabilities")
     else:
         p += probe.capabilities.problems()
+    return p
+
+
+def unbacked_claims(cls: type, capabilities: Capabilities) -> list[str]:
+    """Declared abilities whose methods `cls` does not implement (Backend's defaults serve one
+    slot, write nothing and share nothing)."""
+    claims = []
+    if capabilities.writes_kv_cache:
+        claims.append(("writes_kv_cache=True", ["write_kv_cache"]))
+    if capabilities.max_batch_sequences > 1:
+        claims.append((f"max_batch_sequences={capabilities.max_batch_sequences}",
+                       ["allocate_kv_slots", "free_kv_slots", "read_kv_slot", "eval_slots",
+                        "fast_decode_batch"] + (["write_kv_slot"]
+                                                if capabilities.writes_kv_cache else [])))
+    if capabilities.shares_kv_prefix:
+        claims.append(("shares_kv_prefix=True",
+                       ["add_kv_prefix", "attach_kv_prefix", "remove_kv_prefix"]))
+    p = []
+    for claim, methods in claims:
+        missing = [m for m in methods if getattr(cls, m, None) is getattr(Backend, m)]
+        if missing:
+            p.append(f"{claim} but {cls.__name__} does not override {', '.join(missing)}")
+    return p
+
+
+def loaded_capabilities_problems(capabilities: Any, probed: Capabilities | None,
+                                 cls: type | None = None) -> list[str]:
+    """What is wrong with a loaded backend's `capabilities`: the probe's checks, the claim
+    the probe's answer bounds (the cache type among those it offers), and abilities declared
+    without the methods behind them (`cls`, the backend's class)."""
+    if not isinstance(capabilities, Capabilities):
+        return [f"capabilities is {type(capabilities).__name__}, not Capabilities"]
+    p = capabilities.problems()
+    if p:
+        return p
+    if cls is not None:
+        p += unbacked_claims(cls, capabilities)
+    if probed is None:
+        return p
+    if capabilities.kv_cache_dtype not in probed.supported_kv_cache_dtypes:
+        p.append(f"kv_cache_dtype={capabilities.kv_cache_dtype!r} is not among the "
+                 f"{probed.supported_kv_cache_dtypes} its probe offers")
     return p

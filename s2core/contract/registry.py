@@ -9,8 +9,10 @@ A plugin is third-party code and is treated as such: whatever fails or misbehave
 in its hook, in its probe or in the values it returns (s2core/contract/checks.py) is recorded as
 a row with the reason and shown as unavailable; it never takes down list_backends(), the CLI
 or another backend's load(). Exceptions of any kind are caught there (SystemExit included;
-KeyboardInterrupt is the user's and passes). Probes run in worker threads under a time limit,
-so a hanging probe costs at most PROBE_TIMEOUT_S once. A name registered twice keeps its
+KeyboardInterrupt is the user's and passes). Probes run side by side in worker threads under
+one time limit (PROBE_TIMEOUT_S, $S2CORE_PROBE_TIMEOUT), so a hanging probe costs at most that,
+once per process, and nothing to a command that names another backend: info(name) and
+load(backend=name) probe that backend only. A name registered twice keeps its
 first registration (built-ins first); the second is listed as the failure.
 """
 
@@ -19,10 +21,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pluggy
 
@@ -117,10 +120,12 @@ class Registry:
             self._classes = {}
 
     # ------------------------------------------------------------------ queries
-    def list(self) -> list[BackendInfo]:
-        """Every registered backend, probed, best first; failed plugins at the end."""
+    def list(self, on_row: Callable[[BackendInfo], None] | None = None) -> list[BackendInfo]:
+        """Every registered backend, probed, best first; failed plugins at the end.
+        `on_row(row)` is called for each row as its probe answers (at once for rows probed
+        before), a slow probe's when its time is up: a caller can show the others first."""
         specs = self._discover()
-        self._probe_all(list(specs))
+        self._probe_all(list(specs), on_row)
         rows = [self._probes[name] for name in specs]
         rows.sort(key=lambda r: (not r.available, -r.priority, r.name))
         return rows + list(self._failures)
@@ -136,31 +141,47 @@ class Registry:
         self._probe_all([name])
         return self._probes[name]
 
-    def _probe_all(self, names: list[str]) -> None:
-        """Probe every name not probed yet, concurrently, each in a daemon thread: all of them
-        together wait at most `probe_timeout` seconds (a hung probe's thread is left behind)."""
+    def _probe_all(self, names: list[str],
+                   on_row: Callable[[BackendInfo], None] | None = None) -> None:
+        """Probe every name not probed yet, side by side, each in a daemon thread: all of them
+        together wait at most `probe_timeout` seconds, once per registry (a hung probe's
+        thread is left behind; its row says it timed out). Rows are recorded, and passed to
+        `on_row`, in the order their probes answer."""
+        for name in names:
+            if name in self._probes and on_row is not None:
+                on_row(self._probes[name])
         pending = [n for n in names if n not in self._probes]
         if not pending:
             return
         specs = self._discover()
-        runs = []
+        answered: queue.Queue = queue.Queue()
         for name in pending:
             spec, _ = specs[name]
-            box: dict[str, Any] = {}
-            thread = threading.Thread(target=_run_probe, args=(spec, box), daemon=True,
-                                      name=f"s2core-probe-{name}")
+            thread = threading.Thread(target=_run_probe, args=(spec, answered, name),
+                                      daemon=True, name=f"s2core-probe-{name}")
             thread.start()
-            runs.append((name, thread, box))
         timeout = self.probe_timeout
         deadline = time.monotonic() + timeout
-        for name, thread, box in runs:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                box = {"failed": True, "probe": Probe(
-                    False, f"probe did not answer within {timeout:g} s "
-                           f"(${ENV_PROBE_TIMEOUT} sets the limit)")}
-            spec, source = specs[name]
-            self._probes[name] = _row(spec, source, box["probe"], trusted=not box["failed"])
+        waiting = set(pending)
+        while waiting:
+            try:
+                name, probe, failed = answered.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            self._record(specs, name, probe, failed, on_row)
+            waiting.discard(name)
+        for name in pending:  # in the order asked: the ones still running
+            if name in waiting:
+                self._record(specs, name, Probe(
+                    False, f"probe timed out: did not answer within {timeout:g} s "
+                           f"(${ENV_PROBE_TIMEOUT} sets the limit)"), True, on_row)
+
+    def _record(self, specs: dict[str, tuple[BackendSpec, str]], name: str, probe: Probe,
+                failed: bool, on_row: Callable[[BackendInfo], None] | None) -> None:
+        spec, source = specs[name]
+        self._probes[name] = _row(spec, source, probe, trusted=not failed)
+        if on_row is not None:
+            on_row(self._probes[name])
 
     def default(self) -> str:
         """$S2CORE_BACKEND if set, else the available backend of highest priority (load()
@@ -308,8 +329,9 @@ def _discover(builtin_plugins: tuple[str, ...], group: str | None, env_plugins: 
     return specs, failures
 
 
-def _run_probe(spec: BackendSpec, box: dict[str, Any]) -> None:
-    """A worker thread's body: the probe's answer, or (failed) an unavailable Probe saying why."""
+def _run_probe(spec: BackendSpec, answered: "queue.Queue", name: str) -> None:
+    """A worker thread's body: puts (name, the probe's answer, False), or (name, an
+    unavailable Probe saying why, True)."""
     failed = True
     try:
         probe = spec.probe()
@@ -322,7 +344,7 @@ def _run_probe(spec: BackendSpec, box: dict[str, Any]) -> None:
         if isinstance(exc, KeyboardInterrupt):
             exc = RuntimeError("KeyboardInterrupt in the probe's thread")
         probe = Probe(available=False, reason=f"probe raised {exc!r}")
-    box["probe"], box["failed"] = probe, failed
+    answered.put((name, probe, failed))
 
 
 def _row(spec: BackendSpec, source: str, probe: Probe, trusted: bool) -> BackendInfo:

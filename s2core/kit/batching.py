@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from s2core.contract.backend import Backend
+from s2core.contract.checks import unbacked_claims
 from s2core.serving.batching import BatchedModel
 from s2core.errors import CacheAllocationError, CacheNotInitializedError, CacheOverflowError, \
     InvalidInputError, InvalidTokensError
@@ -27,9 +27,11 @@ from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 from s2core.kit.batching_rules import (CONFIG, FAST_BATCH, JOIN_LEAVE, MAX_BATCH, OWN_ROWS, SEQUENCES,
                              SLOT_CHECKS, SLOT_MEMORY, SLOT_METHODS, SLOT_RESULTS_KEPT,
+                             SLOT_SNAPSHOTS, VOICE_HELD_ONCE,
                              SLOTS_ALONE, alone_run, checked_call, describe_call, fail,
                              kv_differs, n_slots_for, rel_err, sequences, voice_prefix)
-from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
+from s2core.kit.tolerances import (batched_tolerance, fast_tolerance, kv_tolerance,
+                                   output_tolerance)
 from s2core.kit.voices_serving import VoiceAndServingConformance
 
 
@@ -46,34 +48,32 @@ class BatchingConformance(VoiceAndServingConformance):
         n = m.capabilities.max_batch_sequences
         if not isinstance(n, int) or n < 1:
             fail(SLOT_METHODS, f"max_batch_sequences must be an int >= 1, got {n!r}")
-        cls = type(m.backend)
-        needed = []
-        if n > 1:
-            needed += ["allocate_kv_slots", "free_kv_slots", "read_kv_slot", "eval_slots",
-                       "fast_decode_batch"] + (["write_kv_slot"]
-                                               if m.capabilities.writes_kv_cache else [])
-        if m.capabilities.shares_kv_prefix:
-            needed += ["add_kv_prefix", "attach_kv_prefix", "remove_kv_prefix"]
-        missing = [name for name in needed if getattr(cls, name) is getattr(Backend, name)]
-        if missing:
-            fail(SLOT_METHODS, f"max_batch_sequences={n}, shares_kv_prefix="
-                 f"{m.capabilities.shares_kv_prefix}, but {cls.__name__} does not override "
-                 f"{', '.join(missing)} (Backend's defaults only serve one slot and share "
-                 "nothing)")
+        # the same check load() makes (a backend failing it is refused before this runs)
+        unbacked = unbacked_claims(type(m.backend), m.capabilities)
+        if unbacked:
+            fail(SLOT_METHODS, "; ".join(unbacked) + " (Backend's defaults only serve one "
+                 "slot and share nothing)")
 
     # ------------------------------------------------------------ numbers
-    def test_slots_equal_sequences_alone(self, open_model):
+    def test_slots_equal_sequences_alone(self, open_model, backend):
         """Sequences of different lengths share calls (one's prefill beside the others'
-        decode rows), leave, and their slots are reused: each gets the numbers it gets alone."""
+        decode rows), leave, and their slots are reused: each gets the numbers it gets alone,
+        with every cache type the backend offers."""
+        import s2core
+        offered = s2core.get_registry().info(backend).capabilities.supported_kv_cache_dtypes
+        for dtype in offered:
+            self._slots_equal_sequences_alone(open_model, dtype)
+
+    def _slots_equal_sequences_alone(self, open_model, dtype: str) -> None:
         seqs = sequences()
-        alone = open_model(CONFIG, self.batch_weight_type)
+        alone = open_model(CONFIG, self.batch_weight_type, kv_cache_dtype=dtype)
         expected = [alone_run(alone, [prompt] + frames) for prompt, frames in seqs]
 
-        m = open_model(CONFIG, self.batch_weight_type)
+        m = open_model(CONFIG, self.batch_weight_type, kv_cache_dtype=dtype)
         b = BatchedModel(m)
         n_slots = n_slots_for(m, 3)
         b.init_slots(n_slots, 64)
-        tol, kv_tol = output_tolerance(m.capabilities), kv_tolerance(m.capabilities)
+        tol, kv_tol = batched_tolerance(m.capabilities), kv_tolerance(m.capabilities)
         done = [0] * len(seqs)  # calls each sequence has had
         waiting = list(range(len(seqs)))
         running: dict[int, int] = {}  # slot -> sequence
@@ -98,7 +98,8 @@ class BatchingConformance(VoiceAndServingConformance):
                     if err > tol:
                         whose = [s for s, w in want.items()
                                  if s != slot and rel_err(out, w[1 if what == "logits" else 0]) <= tol]
-                        fail(SLOTS_ALONE, f"call {calls} ({desc}): slot {slot}'s {what} "
+                        fail(SLOTS_ALONE, f"{dtype} cache, call {calls} ({desc}): slot "
+                             f"{slot}'s {what} "
                              f"(sequence {i}, its call {done[i]}) differs from the sequence "
                              f"alone by {err:.2e} > {tol:.1e}" + (
                                  f"; it is slot {whose[0]}'s: results must come back in the "
@@ -115,6 +116,60 @@ class BatchingConformance(VoiceAndServingConformance):
         if n_slots > 1:
             assert calls < sum(f + 1 for _, f in SEQUENCES), "sequences never shared a call"
         b.close()
+
+    def test_slot_snapshots_are_copies(self, open_model):
+        m = open_model(CONFIG, "f32")  # one KV head: the shape where a view is easiest to leak
+        b = BatchedModel(m)
+        n_slots = n_slots_for(m, 2)
+        (prompt, frames), = sequences()[:1]
+        b.init_slots(n_slots, len(prompt) + 2)
+        b.eval([(0, prompt)])
+        first = b.kv_slot_snapshot(0)
+        if any(a.dtype != np.float32 for a in first):
+            fail(SLOT_SNAPSHOTS, f"expected float32 snapshots, seen {first[0].dtype} and "
+                 f"{first[1].dtype}")
+        kept = tuple(a.copy() for a in first)
+        b.eval([(0, frames[0])])
+        b.eval([(0, frames[1])])  # the slot is now full
+        if not all(np.array_equal(a, c) for a, c in zip(first, kept)):
+            fail(SLOT_SNAPSHOTS, "expected a snapshot unchanged by later calls, seen it "
+                 "changed: read_kv_slot returned views of the live slot, not copies")
+        second = b.kv_slot_snapshot(0)
+        kept = tuple(a.copy() for a in second)
+        for a in second:
+            if a.flags.writeable:
+                a += 1.0
+        third = b.kv_slot_snapshot(0)
+        if not all(np.array_equal(a, c) for a, c in zip(third, kept)):
+            fail(SLOT_SNAPSHOTS, "expected the slot unchanged when a snapshot of it is "
+                 "changed, seen a later snapshot change with it: read_kv_slot returned views")
+        if any(np.shares_memory(a, c) for a, c in zip(third, second)):
+            fail(SLOT_SNAPSHOTS, "expected two snapshots in separate memory, seen them share it")
+        b.close()
+
+    def test_a_shared_voice_is_held_once(self, open_model):
+        from s2core.kit.declared import traced_growth
+        m = open_model(CONFIG, "f32")
+        if not m.capabilities.shares_kv_prefix:
+            pytest.skip(f"{m.backend.name}: declares no shared voice prefixes")
+        (prompt, _), = sequences()[:1]
+        prefix = voice_prefix(m, prompt)
+        b = BatchedModel(m)
+        n_slots = n_slots_for(m, 4)
+        b.init_slots(n_slots, 16)
+        _, grown = traced_growth(lambda: [b.restore_prefix(s, prefix) for s in range(n_slots)])
+        voice = backend_kv_cache_bytes(m.hparams, prefix.n_positions, m.capabilities)
+        b.close()
+        if grown < voice / 4:
+            pytest.skip(f"{m.backend.name}: the voice is not allocated through Python's or "
+                        "NumPy's allocators: tracemalloc cannot measure it")
+        # + the core's copy of the token rows and its small records of the voice
+        allowed = 1.1 * voice + prefix.tokens.nbytes + 8 * 1024
+        if grown > allowed:
+            fail(VOICE_HELD_ONCE, f"expected {n_slots} slots restoring one voice of "
+                 f"{prefix.n_positions} positions to add about {voice} bytes (one voice in "
+                 f"{m.capabilities.kv_cache_held_dtype}), at most {allowed:.0f}, seen {grown}: "
+                 "attach_kv_prefix copies the voice into each slot")
 
     def test_slots_advance_by_their_own_rows(self, open_model):
         """Slots of different lengths in the same calls, not in slot order, one slot left

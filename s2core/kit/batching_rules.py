@@ -38,6 +38,8 @@ PREFIX_UNCHANGED = "shared-prefix-unchanged-by-its-slots"
 SLOT_MEMORY = "slots-beyond-the-limit-are-refused-and-kept"
 VOICE_RELEASED = "a-released-voice-frees-only-itself"
 SERVED = "served-requests-equal-generate"
+SLOT_SNAPSHOTS = "slot-snapshots-are-copies"
+VOICE_HELD_ONCE = "a-shared-voice-is-held-once"
 
 #: rule name -> what it says (contract.md section 9 lists them)
 BATCHING_RULES = {
@@ -73,6 +75,12 @@ BATCHING_RULES = {
     VOICE_RELEASED: "a voice no slot references, released by the core (remove_kv_prefix), "
                     "frees its memory, and every other voice and slot stays bit for bit as "
                     "it was; the voice added again later gives the same numbers",
+    SLOT_SNAPSHOTS: "kv_slot_snapshot() (read_kv_slot) returns float32 copies: later calls "
+                    "do not change one, and changing one changes neither the slot nor a later "
+                    "snapshot",
+    VOICE_HELD_ONCE: "with shares_kv_prefix declared, N slots in one voice take the bytes of "
+                     "the N slots plus one voice (the core counts that against the memory "
+                     "limit): attaching a voice copies none of it",
     SERVED: "the server's requests give generate()'s codes under greedy sampling, joining "
             "and leaving, beside cancelled neighbours and in a shared voice; sampled ones "
             "repeat by seed",

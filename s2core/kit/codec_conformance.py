@@ -13,6 +13,8 @@ skipped with that reason.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -20,11 +22,19 @@ import pytest
 
 import s2core
 from s2core.codec import CodecClosedError
-from s2core.errors import InvalidInputError
+from s2core.errors import BackendOutOfMemoryError, InvalidInputError
 
 from s2core.kit.codec_models import (CODEC_IDS, example_codes_audio, example_path,
                            kit_codec, kit_codec_reference, random_audio, random_codes)
 from s2core.kit.tolerances import CODEC_NEAR_TIE, codec_stream_tolerance, codec_tolerance
+
+CODEC_STATE_KEPT = "codec-stream-state-is-never-modified"
+#: the codec rules a rule test of this module checks (the rest: see s2core/kit/catalog.py)
+CODEC_RULES = {
+    CODEC_STATE_KEPT: "decode_stream leaves the state it is given unchanged (it returns a new "
+                      "one), so a push that fails inside the backend leaves the stream where "
+                      "it was: the next push gives one-shot decode's samples",
+}
 
 #: push sizes of the uneven streaming test (frames)
 UNEVEN_PUSHES = (1, 3, 2, 1, 4)
@@ -212,6 +222,46 @@ class CodecConformance:
         assert_audio_close(np.concatenate(parts), c.decode(codes),
                            codec_stream_tolerance(c.capabilities), "after failed pushes")
 
+    def test_rule_codec_stream_state_is_never_modified(self, open_codec):
+        name = "gqa-window-gt-T-f32"
+        c = open_codec(kit_codec(name))
+        if not c.capabilities.streaming:
+            pytest.skip(f"{c.backend_name}: declares no exact streaming (decode_stream)")
+        codes = c.check_codes(random_codes(name, seed=7))
+        backend = c.backend
+        _, state = backend.decode_stream(backend.begin_stream(), codes[:, :3])
+        kept = copy.deepcopy(state)
+        backend.decode_stream(state, codes[:, 3:5])
+        where = _first_difference(state, kept, "state")
+        if where is not None:
+            fail_codec(CODEC_STATE_KEPT, f"expected the state passed to decode_stream "
+                       f"unchanged after the call, seen {where} changed: build the new state "
+                       "instead of updating the old one in place")
+        # a push that fails inside the backend, after its own work
+        s = c.stream_decoder(mode="exact")
+        parts = [s.push(codes[:, :4])]
+        original = backend.decode_stream
+
+        def fails_late(state: Any, frames: np.ndarray) -> Any:
+            original(state, frames)
+            raise MemoryError("injected by the s2core kit")
+        backend.decode_stream = fails_late
+        try:
+            s.push(codes[:, 4:6])
+        except BackendOutOfMemoryError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the wrong kind breaks the rule too
+            fail_codec(CODEC_STATE_KEPT, f"expected BackendOutOfMemoryError from a push whose "
+                       f"decode_stream raised MemoryError, seen {exc!r}")
+        finally:
+            del backend.decode_stream
+        parts.append(s.push(codes[:, 4:]))
+        whole, tol = c.decode(codes), codec_stream_tolerance(c.capabilities)
+        err = max_abs(np.concatenate(parts), whole)
+        if err > tol:
+            fail_codec(CODEC_STATE_KEPT, f"expected the stream after a push that failed in the "
+                       f"backend to equal one-shot decode within {tol:.1e}, seen {err:.3e}")
+
     # ------------------------------------------------------------ encode
     @pytest.mark.parametrize("name", CODEC_IDS)
     def test_encode_matches_reference(self, open_codec, name):
@@ -264,6 +314,9 @@ class CodecConformance:
 
     def test_bad_audio(self, open_codec):
         c = open_codec(example_path())
+        if not c.capabilities.encode:
+            pytest.skip(f"{c.backend_name}: declares no codec encoder (encode() refuses every "
+                        "audio before checking it)")
         good = np.zeros(100, np.float32)
         nan, inf = good.copy(), good.copy()
         nan[7], inf[3] = np.nan, -np.inf
@@ -287,3 +340,41 @@ class CodecConformance:
                      lambda: s.push(codes[:, 1:2]), c.stream_decoder):
             with pytest.raises(CodecClosedError):
                 call()
+
+
+def fail_codec(rule: str, message: str) -> None:
+    from s2core.kit.rules import fail
+    fail(rule, message, CODEC_RULES)
+
+
+def _first_difference(a: Any, b: Any, where: str) -> str | None:
+    """Where two states differ (a path such as "state.caches[2]"), or None when equal."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        same = (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+                and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+        return None if same else where
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        a, b = vars(a) if hasattr(a, "__dict__") else dataclasses.asdict(a), \
+            vars(b) if hasattr(b, "__dict__") else dataclasses.asdict(b)
+    elif hasattr(a, "__dict__") and type(a).__module__ not in ("builtins",):
+        a, b = vars(a), vars(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return where
+        for key in a:
+            found = _first_difference(a[key], b[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return where
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _first_difference(x, y, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    try:
+        return None if a == b else where
+    except Exception:  # noqa: BLE001 - an object without equality: no verdict on it
+        return None

@@ -30,6 +30,8 @@ from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core.kit.batching import BatchingConformance
 from s2core.kit.models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
 from s2core.kit.prefix_stream import PrefixAndStreamConformance
+from s2core.kit.declared import DeclaredMemoryRules
+from s2core.kit.faults import BackendErrorRules
 from s2core.kit.rules import ContractRules, ThreadAndLifeCycleRules
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
@@ -117,9 +119,10 @@ def _bad_cases(hp, prompt: np.ndarray) -> list[tuple[str, Callable[[Any], Any], 
 _CASE_IDS = [c[0] for c in _bad_cases(CONFIGS["gqa4"], prompt_and_frames("gqa4")[0])]
 
 
-class BackendConformance(ContractRules, ThreadAndLifeCycleRules, PrefixAndStreamConformance,
-                         BatchingConformance):
-    """The whole matrix, the contract's rules (s2core/kit/rules.py), prefix save/restore and
+class BackendConformance(ContractRules, ThreadAndLifeCycleRules, DeclaredMemoryRules,
+                         BackendErrorRules, PrefixAndStreamConformance, BatchingConformance):
+    """The whole matrix, the contract's rules (s2core/kit/rules.py, declared.py, faults.py),
+    prefix save/restore and
     streaming (s2core/kit/prefix_stream.py), several sequences per call
     (s2core/kit/batching.py). Needs a `backend` fixture (a registered
     backend's name)."""

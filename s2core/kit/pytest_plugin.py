@@ -2,7 +2,8 @@
 
 Enable it with `-p s2core.kit.pytest_plugin` or `pytest_plugins = ["s2core.kit.pytest_plugin"]`
 in a conftest.py. Backends that are unavailable here are skipped with their probe's reason;
-plugins that failed to load are reported as skips too, never hidden.
+plugins that failed to load are reported as skips too, never hidden. A kit test's failure
+starts with the id of the rule it checks (s2core/kit/catalog.py), whatever raised it.
 """
 
 from __future__ import annotations
@@ -53,3 +54,19 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         state = "available" if r.available else "unavailable"
         lines.append(f"s2core backend {r.name} (priority {r.priority}): {state} - {r.reason}")
     return lines
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Start a failing kit test's report with its rule's id and what the rule asks."""
+    outcome = yield
+    report = outcome.get_result()
+    function = getattr(item, "function", None)
+    if not (report.failed and call.excinfo is not None and function is not None
+            and function.__module__.startswith("s2core.kit")):
+        return
+    from s2core.kit.catalog import prefixed
+    seen = call.excinfo.exconly().removeprefix("Failed: ")
+    message = prefixed(function.__name__, seen)
+    if message != seen:
+        report.longrepr = f"{message}\n\n{report.longrepr}"

@@ -41,6 +41,9 @@ OPTIONS_DECLARED = "options-declared-and-checked"
 FAST_AR_OWN_HPARAMS = "fast-ar-uses-its-own-hparams"
 CONCURRENCY = "threads-never-interleave"
 LIFE_CYCLE = "close-releases-and-failed-init-keeps-the-cache"
+CACHE_BYTES_HOLD = "declared-kv-cache-bytes-hold"
+WEIGHT_BYTES_HOLD = "declared-weight-holding-holds"
+BACKEND_ERRORS = "backend-failures-reach-users-as-s2core-errors"
 
 #: rule name -> what it says (the README's list)
 RULES = {
@@ -63,6 +66,17 @@ RULES = {
     LIFE_CYCLE: "close() releases the weights and the file's mapping and every later call "
                 "raises ModelClosedError; an init_kv_cache that cannot be allocated raises "
                 "CacheAllocationError and keeps the previous cache and n_past",
+    CACHE_BYTES_HOLD: "the cache takes the bytes per position its held type "
+                      "(kv_cache_storage_dtype, else kv_cache_dtype) says, for every offered "
+                      "cache type: the core's memory limit and `s2core info` count by it",
+    WEIGHT_BYTES_HOLD: "the bytes a load copies are at most what native_weight_types, "
+                       "native_weight_overhead, widened_weight_dtype and mapped_weight_types "
+                       "say: a type declared mapped is used from the file's pages, not copied",
+    BACKEND_ERRORS: "whatever a backend raises in any call the core makes "
+                      "reaches the user as an S2CoreError (BackendError naming the backend and "
+                      "the call, CacheAllocationError for an allocation, "
+                      "BackendOutOfMemoryError for a MemoryError), and the model is as before "
+                      "the call: the next call gives what a model that never saw it gives",
 }
 
 
@@ -351,10 +365,14 @@ def _threads(*bodies: Callable[[], Any], timeout: float = 120.0) -> list[BaseExc
 
 
 def _run_steps(m: Any, prompt: np.ndarray, frames: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """hidden, logits and Fast-AR logits of every call, then K and V."""
     m.init_kv_cache(len(prompt) + len(frames))
-    logits = [m.prefill(prompt).logits] + [m.step(f).logits for f in frames]
+    results = [m.prefill(prompt)] + [m.step(f) for f in frames]
+    fast = [m.fast_decode(r.hidden, f[1:1 + i % m.hparams.num_codebooks]) for i, (r, f) in
+            enumerate(zip(results, frames))]
     k, v = m.kv_cache_snapshot()
-    return np.stack(logits), k, v
+    return (np.stack([r.hidden for r in results]), np.stack([r.logits for r in results]),
+            np.stack(fast), k, v)
 
 
 def _maps_file(path: Path) -> bool | None:
@@ -406,20 +424,24 @@ class ThreadAndLifeCycleRules:
         if refused != [True]:
             fail(CONCURRENCY, "another thread's step() during a stream was not refused with "
                  "ModelBusyError")
-        # two models in two threads, each as it is alone
-        alone = _run_steps(open_model("gqa4", "f32"), prompt, frames)
+        # two models in two threads, each on its own input, each as it is alone: module-global
+        # scratch shared by the instances shows as one model's values in the other's results
+        inputs = [(prompt, frames), (mixed_prompt(hp, 8, rng),
+                                     [semantic_frame(hp, rng) for _ in range(len(frames))])]
+        alone = [_run_steps(open_model("gqa4", "f32"), *inputs[i]) for i in range(2)]
         pair = [open_model("gqa4", "f32"), open_model("gqa4", "f32")]
         results: dict[int, tuple[np.ndarray, ...]] = {}
-        errors = _threads(*(lambda i=i: results.__setitem__(i, _run_steps(pair[i], prompt, frames))
+        errors = _threads(*(lambda i=i: results.__setitem__(i, _run_steps(pair[i], *inputs[i]))
                             for i in range(2)))
         if errors:
             fail(CONCURRENCY, f"two models in two threads raised {errors[0]!r}")
         for i, got in results.items():
-            for what, a, b in zip(("logits", "K cache", "V cache"), got, alone):
+            for what, a, b in zip(("hidden", "logits", "Fast-AR logits", "K cache", "V cache"),
+                                  got, alone[i]):
                 if not np.array_equal(a, b):
-                    fail(CONCURRENCY, f"model {i} of two run in two threads gave other {what} "
-                         f"than one model alone (max difference "
-                         f"{np.abs(a - b).max():.3g}): the instances share state")
+                    fail(CONCURRENCY, f"expected model {i} of two run in two threads (other "
+                         f"inputs) to give the {what} it gives alone, seen a max difference of "
+                         f"{np.abs(a - b).max():.3g}: the instances share state")
 
     def test_rule_close_releases_and_failed_init_keeps_the_cache(self, open_model, backend,
                                                                  backend_options, tmp_path):

@@ -16,7 +16,8 @@ from typing import Any
 
 from s2core.contract.backend import Backend
 from s2core.codec.model import Codec
-from s2core.errors import BackendUnavailableError, InvalidInputError
+from s2core.contract.checks import loaded_capabilities_problems
+from s2core.errors import BackendUnavailableError, InvalidInputError, backend_call
 from s2core.modelfile.file import ModelFile
 from s2core.runtime.model import SlowARModel
 from s2core.contract.registry import ENV_BACKEND, Registry, get_registry
@@ -54,6 +55,36 @@ def pick_backend(registry: Registry, model_file: ModelFile, backend: str | None,
     raise BackendUnavailableError("no available backend could be imported: " + "; ".join(failures))
 
 
+def open_backend(registry: Registry, name: str, backend_cls: type[Backend],
+                 model_file: ModelFile, options: dict[str, Any]) -> Backend:
+    """The backend class's instance on this file, its exceptions as s2core errors, refused
+    (closed) when its capabilities fail the checks its probe's answer passed: the core
+    sizes memory and picks paths by them."""
+    with backend_call(name, f"{backend_cls.__name__}(model_file, **{options!r})"):
+        instance = backend_cls(model_file, **options)
+    try:
+        with backend_call(name, "capabilities"):
+            problems = loaded_capabilities_problems(instance.capabilities,
+                                                    registry.info(name).capabilities,
+                                                    type(instance))
+    except BaseException:
+        _close_quietly(instance)
+        raise
+    if problems:
+        _close_quietly(instance)
+        raise BackendUnavailableError(f"backend {name!r} declares invalid capabilities once "
+                                      f"loaded: {'; '.join(problems)}")
+    return instance
+
+
+def _close_quietly(instance: Backend) -> None:
+    """Release a backend that is refused; the refusal is the error the user needs."""
+    try:
+        instance.close()
+    except Exception:  # noqa: BLE001 - third-party code, already being refused
+        pass
+
+
 def load(path: str | os.PathLike, backend: str | None = None, **options: Any) -> SlowARModel:
     """Open a GGUF model file on a backend and return the model object.
 
@@ -71,8 +102,9 @@ def load(path: str | os.PathLike, backend: str | None = None, **options: Any) ->
         registry.check_options(backend, options)
     model_file = ModelFile(path)
     try:
-        _, backend_cls = pick_backend(registry, model_file, backend, options)
-        return SlowARModel(model_file, backend_cls(model_file, **options))
+        name, backend_cls = pick_backend(registry, model_file, backend, options)
+        return SlowARModel(model_file, open_backend(registry, name, backend_cls, model_file,
+                                                    options))
     except BaseException:
         model_file.close()
         raise
@@ -116,7 +148,9 @@ def load_codec(path: str | os.PathLike, backend: str | None = None, **options: A
     codec_cls = registry.codec_class(backend)
     codec_file = CodecFile(path)
     try:
-        return Codec(codec_file, codec_cls(codec_file, **options))
+        with backend_call(backend, f"{codec_cls.__name__}(codec_file, **{options!r})"):
+            instance = codec_cls(codec_file, **options)
+        return Codec(codec_file, instance)
     except BaseException:
         codec_file.close()
         raise

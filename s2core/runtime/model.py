@@ -17,7 +17,7 @@ from s2core.contract import inputs
 from s2core.contract.backend import Backend, Capabilities
 from s2core.runtime.chunking import chunk_bounds, prefill_chunk_size
 from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
-                     InvalidInputError, PrefixMismatchError, S2CoreError)
+                     InvalidInputError, PrefixMismatchError, S2CoreError, backend_call)
 from s2core.modelfile.file import ModelFile
 from s2core.runtime.fast_session import FastSession, fast_incremental
 from s2core.runtime.guard import ModelGuard, guarded
@@ -50,13 +50,15 @@ class Result:
     @property
     def hidden(self) -> np.ndarray:
         if self._hidden is None:
-            self._hidden = self._backend.to_numpy(self.hidden_native)
+            with backend_call(self._backend.name, "to_numpy"):
+                self._hidden = self._backend.to_numpy(self.hidden_native)
         return self._hidden
 
     @property
     def logits(self) -> np.ndarray:
         if self._logits is None:
-            self._logits = self._backend.to_numpy(self.logits_native)
+            with backend_call(self._backend.name, "to_numpy"):
+                self._logits = self._backend.to_numpy(self.logits_native)
         return self._logits
 
     def __repr__(self) -> str:
@@ -116,7 +118,8 @@ class SlowARModel:
             raise InvalidInputError(
                 "max_seq_len_range", f"max_seq_len must be in [1, context_length={ctx}], got {max_seq_len}")
         need = backend_kv_cache_bytes(self.hparams, max_seq_len, self.capabilities)
-        limit = self.backend.kv_cache_limit_bytes()
+        with self._calling("kv_cache_limit_bytes"):
+            limit = self.backend.kv_cache_limit_bytes()
         if limit is not None and need > limit:
             raise CacheAllocationError(self._allocation_message(
                 max_seq_len, need, f"more than the {describe_bytes(limit)} backend "
@@ -125,7 +128,7 @@ class SlowARModel:
             self.backend.allocate_kv_cache(max_seq_len)  # keeps the old cache if it raises
         except S2CoreError:
             raise
-        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - third-party code: any failure is this one
             raise CacheAllocationError(self._allocation_message(
                 max_seq_len, need, f"the allocation failed: {type(exc).__name__}: "
                 f"{str(exc)[:300]}")) from exc
@@ -146,7 +149,8 @@ class SlowARModel:
     def reset(self) -> None:
         """n_past = 0; the allocation stays for the next synthesis of the same size."""
         self._require_cache()
-        self.backend.reset_kv_cache()
+        with self._calling("reset_kv_cache"):
+            self.backend.reset_kv_cache()
         self._n_past = 0
         self._rows = []
 
@@ -158,7 +162,8 @@ class SlowARModel:
                 self._clear()
 
     def _clear(self) -> None:
-        self.backend.free_kv_cache()
+        with self._calling("free_kv_cache"):
+            self.backend.free_kv_cache()
         self._forget_cache()
 
     def _forget_cache(self) -> None:
@@ -172,7 +177,8 @@ class SlowARModel:
     def kv_cache_snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """Copies of K and V for positions < n_past, float32 [n_layer, n_past, n_head_kv, head_dim]."""
         self._require_cache()
-        return self.backend.read_kv_cache(self._n_past)
+        with self._calling(f"read_kv_cache({self._n_past})"):
+            return self.backend.read_kv_cache(self._n_past)
 
     # ------------------------------------------------------------------ compute
     @guarded
@@ -211,7 +217,9 @@ class SlowARModel:
     @guarded
     def fast_decode(self, hidden: Any, prefix_codes: Any = ()) -> np.ndarray:
         """Fast-AR logits (codebook_size,) for the next code given the codes so far."""
-        return self.backend.to_numpy(self.fast_decode_native(hidden, prefix_codes))
+        native = self.fast_decode_native(hidden, prefix_codes)
+        with self._calling("to_numpy"):
+            return self.backend.to_numpy(native)
 
     @guarded
     def fast_decode_native(self, hidden: Any, prefix_codes: Any = ()) -> Any:
@@ -222,19 +230,31 @@ class SlowARModel:
         hidden = inputs.hidden_state(hidden, self.hparams)
         codes = inputs.prefix_codes(prefix_codes, self.hparams)
         if not self.backend.incremental_fast_decode:
-            return self.backend.fast_decode(hidden, codes)
+            with self._calling("fast_decode"):
+                return self.backend.fast_decode(hidden, codes)
         return self._fast_decode_incremental(hidden, codes)
 
     def _fast_decode_incremental(self, hidden: Any, codes: np.ndarray) -> Any:
         """Append only the new codes when this call extends the previous one (the calls of
         one frame); otherwise start over from the hidden state. Same numbers either way."""
         session, self._fast = self._fast, None  # stays dropped if the backend raises midway
-        values = hidden if isinstance(hidden, np.ndarray) else self.backend.to_numpy(hidden)
+        if isinstance(hidden, np.ndarray):
+            values = hidden
+        else:
+            with self._calling("to_numpy"):
+                values = self.backend.to_numpy(hidden)
         be = self.backend
-        self._fast, logits = fast_incremental(
-            session, np.asarray(values)[None], codes[None],
-            lambda new: be.fast_start(hidden, new[0]),
-            lambda state, new: be.fast_extend(state, new[0]))
+
+        def start(new):
+            with self._calling("fast_start"):
+                return be.fast_start(hidden, new[0])
+
+        def extend(state, new):
+            with self._calling("fast_extend"):
+                return be.fast_extend(state, new[0])
+
+        self._fast, logits = fast_incremental(session, np.asarray(values)[None], codes[None],
+                                              start, extend)
         return logits
 
     # ------------------------------------------------------------------ internals
@@ -258,8 +278,13 @@ class SlowARModel:
                 f"exceeds the KV cache capacity max_seq_len={capacity}")
         return inputs.make_batch(mat, self._n_past, self.hparams)
 
+    def _calling(self, call: str):
+        """The context of one backend call: its exceptions become s2core errors naming it."""
+        return backend_call(self.backend.name, call)
+
     def _run(self, batch: EvalBatch) -> Result:
-        hidden, logits = self.backend.eval_cached(batch)
+        with self._calling(f"eval_cached(n_past={batch.n_past}, n_tokens={batch.n_tokens})"):
+            hidden, logits = self.backend.eval_cached(batch)
         self._n_past += batch.n_tokens  # only after success
         self._rows.append(inputs.batch_rows(batch, self.hparams))
         return Result(hidden, logits, batch.n_tokens, self.backend)
@@ -297,7 +322,8 @@ class SlowARModel:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= self._n_past:
             raise InvalidInputError("prefix_positions", f"a prefix needs 1..n_past={self._n_past}"
                                     f" positions, got {n_positions!r}")
-        k, v = self.backend.read_kv_cache(int(n))
+        with self._calling(f"read_kv_cache({int(n)})"):
+            k, v = self.backend.read_kv_cache(int(n))
         return KVPrefix(k, v, self.token_rows()[:n], self.capabilities.kv_cache_dtype,
                         self.identity, self.backend.name)
 
@@ -347,7 +373,8 @@ class SlowARModel:
             return "recomputed"
         k, v = prefix.k, prefix.v
         try:
-            self.backend.write_kv_cache(k, v)
+            with self._calling(f"write_kv_cache({n} positions)"):
+                self.backend.write_kv_cache(k, v)
         except BaseException:
             # rows were (partly) overwritten: whatever the cache held is gone
             self._n_past, self._rows = 0, []
@@ -369,7 +396,8 @@ class SlowARModel:
             self._n_past = 0
             self._rows = []
             try:
-                self.backend.close()
+                with self._calling("close"):
+                    self.backend.close()
             finally:
                 self.model_file.close()
 

@@ -32,8 +32,9 @@ import numpy as np
 
 from s2core.contract import inputs
 from s2core.contract.inputs import is_integer
-from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
-                     InvalidInputError, ModelBusyError, S2CoreError)
+from s2core.errors import (BackendError, CacheAllocationError, CacheNotInitializedError,
+                           CacheOverflowError, InvalidInputError, ModelBusyError, S2CoreError,
+                           backend_call)
 from s2core.serving.held_voices import HeldVoice, HeldVoices
 from s2core.runtime.fast_session import FastSession, fast_incremental
 from s2core.runtime.memory import backend_kv_cache_bytes, describe_bytes
@@ -174,22 +175,29 @@ class BatchedModel:
                 f"holds the backend's KV slots ({owner.n_slots} slots, n_past={owner._n_past});"
                 f" call its free_slots() or close() first, or load the model a second time")
 
+    def _calling(self, call: str):
+        """The context of one backend call: its exceptions become s2core errors naming it."""
+        return backend_call(self.backend.name, call)
+
     def _allocate(self, n_slots: int, max_seq_len: int) -> None:
         """The slots' memory, checked against the limit init_kv_cache uses (the backend's
         kv_cache_limit_bytes) before the backend is asked: CacheAllocationError naming the
         sizes, the previous slots (or cache) kept."""
         need = n_slots * backend_kv_cache_bytes(self.hparams, max_seq_len,
                                                 self.backend.capabilities)
-        limit = self.backend.kv_cache_limit_bytes()
+        with self._calling("kv_cache_limit_bytes"):
+            limit = self.backend.kv_cache_limit_bytes()
         if limit is not None and need > limit:
             raise CacheAllocationError(self._allocation_message(
                 n_slots, max_seq_len, need, f"more than the {describe_bytes(limit)} backend "
                 f"{self.backend.name!r} can allocate here"))
         try:
             self.backend.allocate_kv_slots(n_slots, max_seq_len)
-        except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
+        except S2CoreError:
             raise
-        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+        except NotImplementedError as exc:  # not a memory failure (a RuntimeError)
+            raise BackendError(self.backend.name, "allocate_kv_slots", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - third-party code: any failure is this one
             raise CacheAllocationError(self._allocation_message(
                 n_slots, max_seq_len, need, f"the allocation failed: {type(exc).__name__}: "
                 f"{str(exc)[:300]}")) from exc
@@ -209,7 +217,8 @@ class BatchedModel:
         """The slot starts a new sequence (n_past = 0); its rows are overwritten as it goes."""
         slot = self._check_slot(slot)
         if self.backend.capabilities.shares_kv_prefix:
-            self.backend.attach_kv_prefix(slot, None)
+            with self._calling(f"attach_kv_prefix({slot}, None)"):
+                self.backend.attach_kv_prefix(slot, None)
         self._n_past[slot] = self._shared[slot] = 0
         self._rows[slot] = []
         self._voices.set_slot(slot, None)
@@ -220,7 +229,8 @@ class BatchedModel:
         """Release the slots' memory (allowed at any time; a closed model has none). Another
         BatchedModel's slots are left alone: this one then holds nothing to free."""
         if not self.model.closed and self._other_owner() is None:
-            self.backend.free_kv_slots()
+            with self._calling("free_kv_slots"):
+                self.backend.free_kv_slots()
             self.model._slot_owner = None
         self._max_seq_len = None
         self._n_past, self._shared, self._rows, self._fast = [], [], [], None
@@ -230,7 +240,8 @@ class BatchedModel:
     def kv_slot_snapshot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """Copies of the slot's K and V for positions < its n_past (as kv_cache_snapshot)."""
         slot = self._check_slot(slot)
-        return self.backend.read_kv_slot(slot, self._n_past[slot])
+        with self._calling(f"read_kv_slot({slot}, {self._n_past[slot]})"):
+            return self.backend.read_kv_slot(slot, self._n_past[slot])
 
     @_guarded
     def token_rows(self, slot: int) -> np.ndarray:
@@ -246,7 +257,8 @@ class BatchedModel:
         """One backend call over (slot, token rows) pairs with distinct slots: each slot's rows
         continue its sequence. Returns the Result of each pair's last position, in order."""
         batches = self._prepare(requests)
-        outs = self.backend.eval_slots(batches)
+        with self._calling(f"eval_slots({len(batches)} slots)"):
+            outs = self.backend.eval_slots(batches)
         if len(outs) != len(batches):
             raise S2CoreError(f"backend {self.backend.name!r}: eval_slots returned "
                               f"{len(outs)} results for {len(batches)} slots")
@@ -270,11 +282,14 @@ class BatchedModel:
         codes = self._prefixes(prefix_codes, hiddens.shape[0])
         be = self.backend
         if be.incremental_fast_decode_batch:
-            return be.to_numpy(self._fast_incremental(hiddens, codes))
+            logits = self._fast_incremental(hiddens, codes)
+            with self._calling("to_numpy"):
+                return be.to_numpy(logits)
         if be.capabilities.max_batch_sequences == 1 and be.incremental_fast_decode:
             # one row at a time through the model's own incremental session
             return np.stack([self.model.fast_decode(h, c) for h, c in zip(hiddens, codes)])
-        return np.asarray(be.to_numpy(be.fast_decode_batch(hiddens, codes)), np.float32)
+        with self._calling("fast_decode_batch"):
+            return np.asarray(be.to_numpy(be.fast_decode_batch(hiddens, codes)), np.float32)
 
     def _fast_incremental(self, hiddens: np.ndarray, codes: np.ndarray) -> Any:
         session, self._fast = self._fast, None  # stays dropped if the backend raises
@@ -282,11 +297,13 @@ class BatchedModel:
 
         def extend(state: Any, new: np.ndarray, logits: Any = None) -> tuple[Any, Any]:
             for c in range(new.shape[1]):  # the batched calls take one code per row
-                state, logits = be.fast_extend_batch(state, new[:, c])
+                with self._calling("fast_extend_batch"):
+                    state, logits = be.fast_extend_batch(state, new[:, c])
             return state, logits
 
         def start(new: np.ndarray) -> tuple[Any, Any]:
-            state, logits = be.fast_begin_batch(hiddens)
+            with self._calling("fast_begin_batch"):
+                state, logits = be.fast_begin_batch(hiddens)
             return extend(state, new, logits)
 
         self._fast, logits = fast_incremental(session, hiddens, codes, start, extend)
@@ -320,7 +337,8 @@ class BatchedModel:
             if voice is None:
                 voice = self._add_voice(slot, prefix)
             try:
-                self.backend.attach_kv_prefix(slot, voice.handle)
+                with self._calling(f"attach_kv_prefix({slot}, a voice)"):
+                    self.backend.attach_kv_prefix(slot, voice.handle)
             except BaseException:
                 # the slot's former voice stays referenced: the backend may still hold it
                 self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
@@ -346,7 +364,8 @@ class BatchedModel:
         the voices held, and releasing idle voices if that makes room (see restore_prefix)."""
         need = self._voice_bytes(prefix)
         held = self._held_bytes()
-        limit = self.backend.kv_cache_limit_bytes()
+        with self._calling("kv_cache_limit_bytes"):
+            limit = self.backend.kv_cache_limit_bytes()
         release: list[HeldVoice] = []
         if limit is not None and held + need > limit:
             idle = self._voices.idle()
@@ -361,9 +380,11 @@ class BatchedModel:
             held = self._held_bytes()
         try:
             handle = self.backend.add_kv_prefix(prefix.k, prefix.v)
-        except (S2CoreError, NotImplementedError):  # not a memory failure (a RuntimeError)
+        except S2CoreError:
             raise
-        except (MemoryError, RuntimeError, OverflowError, ValueError) as exc:
+        except NotImplementedError as exc:  # not a memory failure (a RuntimeError)
+            raise BackendError(self.backend.name, "add_kv_prefix", exc) from exc
+        except Exception as exc:  # noqa: BLE001 - third-party code: any failure is this one
             raise CacheAllocationError(self._voice_message(
                 slot, prefix, need, held, f"the allocation failed: {type(exc).__name__}: "
                 f"{str(exc)[:300]}", released=len(release))) from exc
@@ -376,7 +397,8 @@ class BatchedModel:
     def _release(self, voice: HeldVoice) -> None:
         """Forget a voice no slot references; the backend frees what it held for it."""
         if voice.shared:
-            self.backend.remove_kv_prefix(voice.handle)
+            with self._calling("remove_kv_prefix"):
+                self.backend.remove_kv_prefix(voice.handle)
         self._voices.forget(voice)
 
     def _release_idle(self) -> None:
@@ -418,7 +440,8 @@ class BatchedModel:
         """Copy a prefix's float32 K/V (already converted) into the slot: restore_prefix's
         "written" form. The caller has run model.check_prefix."""
         try:
-            self.backend.write_kv_slot(slot, k, v)
+            with self._calling(f"write_kv_slot({slot}, {len(k[0]) if len(k) else 0} positions)"):
+                self.backend.write_kv_slot(slot, k, v)
         except BaseException:
             self._n_past[slot], self._shared[slot], self._rows[slot] = 0, 0, []
             raise

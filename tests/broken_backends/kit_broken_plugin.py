@@ -1,5 +1,7 @@
 """Registers the broken backends (kit_broken_backends.py) under $S2CORE_PLUGINS."""
 
+import dataclasses
+
 from s2core.contract.plugin_spec import BackendSpec, Option, Probe, hookimpl
 from s2core_example.plugin import CAPABILITIES
 from s2core_numpy.plugin import OPTIONS as NUMPY_OPTIONS
@@ -17,9 +19,26 @@ def spec(name, cls, caps=CAPABILITIES, options=F32_ONLY, module="kit_broken_back
                        priority=-100, options=options)
 
 
-def batch_spec(name, cls):
+def batch_spec(name, cls, module="kit_broken_batching"):
     """A broken variation of the NumPy backend (kit_broken_batching.py)."""
-    return spec(name, cls, numpy_capabilities(), NUMPY_OPTIONS, "kit_broken_batching")
+    return spec(name, cls, numpy_capabilities(), NUMPY_OPTIONS, module)
+
+
+def codec_spec(name, codec_class, encode=True):
+    """NumPy's backend with a codec of kit_broken_codec.py."""
+    caps = numpy_capabilities()
+    caps = dataclasses.replace(caps, codec=dataclasses.replace(caps.codec, encode=encode))
+    return BackendSpec(name=f"broken_{name}", backend_class="s2core_numpy.backend:NumpyBackend",
+                       codec_class=f"kit_broken_codec:{codec_class}",
+                       probe=lambda: Probe(True, "broken on purpose", caps), priority=-100,
+                       options=NUMPY_OPTIONS)
+
+
+def declared_spec(name, cls, numpy=False):
+    """A broken backend of issue 22 (kit_broken_declared.py), NumPy's or the example's."""
+    if numpy:
+        return batch_spec(name, cls, "kit_broken_declared")
+    return spec(name, cls, module="kit_broken_declared")
 
 
 @hookimpl
@@ -70,4 +89,18 @@ def s2core_backends():
         batch_spec("batch_loses_slots_on_failed_init", "LosesSlotsOnFailedInit"),
         batch_spec("batch_removes_another_voice", "RemovesAnotherVoice"),
         batch_spec("batch_keeps_removed_voice", "KeepsRemovedVoice"),
+        # declared capabilities, foreign exceptions, isolation (kit_broken_declared.py)
+        declared_spec("cache_storage_understated", "CacheStorageUnderstated", numpy=True),
+        declared_spec("claims_mapped_but_copies", "ClaimsMappedButCopies", numpy=True),
+        declared_spec("batch_shares_prefix_but_copies", "SharesPrefixButCopies", numpy=True),
+        declared_spec("batch_slot_snapshot_views", "SlotSnapshotViews", numpy=True),
+        declared_spec("batch_drifts", "BatchedDrift", numpy=True),
+        declared_spec("loaded_cache_type_f12", "LoadedCacheTypeF12"),
+        declared_spec("loaded_negative_batch", "LoadedNegativeBatch"),
+        declared_spec("key_error_in_allocate", "KeyErrorInAllocate"),
+        declared_spec("index_error_in_eval", "IndexErrorInEval"),
+        declared_spec("global_scratch_hidden", "GlobalScratchHidden"),
+        # codecs (kit_broken_codec.py)
+        codec_spec("codec_mutates_stream_state", "MutatesStreamState"),
+        codec_spec("codec_without_encoder", "NoEncoder", encode=False),
     ]
