@@ -75,6 +75,14 @@ def read_audio(source: AudioSource, limits: AudioLimits = DEFAULT_LIMITS
         return reader.read_all(), reader.rate
 
 
+def probe_audio(source: AudioSource, limits: AudioLimits = DEFAULT_LIMITS
+                ) -> tuple[int, int, int]:
+    """(sample rate, frames, channels) from a recording's header, checked against `limits`;
+    no sample is read."""
+    with _Reader(source, limits) as reader:
+        return reader.rate, reader.frames, reader.channels
+
+
 def read_for_codec(source: AudioSource, sample_rate: int,
                    limits: AudioLimits = DEFAULT_LIMITS) -> np.ndarray:
     """A recording as the codec's encoder takes it: float32 mono at `sample_rate`, read and
