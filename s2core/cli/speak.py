@@ -229,7 +229,8 @@ def _output_paths(args: Any) -> tuple[Path | None, Path | None]:
     wav = None if args.wav is None else check_output(args.wav, inputs, fail, "--wav")
     codes = None
     if args.out is not None or args.wav is None:
-        codes = check_output(args.out or "codes.npy", inputs + [args.wav], fail, "--out")
+        codes = check_output("codes.npy" if args.out is None else args.out, inputs + [args.wav],
+                             fail, "--out")
         if wav is not None and Path(os.path.abspath(codes)) == Path(os.path.abspath(wav)):
             raise InvalidInputError("output_is_input", f"--out and --wav are both {wav}")
     return wav, codes

@@ -196,7 +196,7 @@ class KVPrefix:
             if bad:
                 raise PrefixFileError(f"{path}: {name.upper()} holds {bad} NaN or infinite "
                                       "values", "finite")
-        prefix = cls(arrays["k"], arrays["v"], np.asarray(arrays["tokens"]), dtype, model,
+        prefix = cls(arrays["k"], arrays["v"], np.array(arrays["tokens"]), dtype, model,
                      meta.get("backend", ""), _stored=True)
         prefix._finite = True
         return prefix
