@@ -10,6 +10,7 @@ given (np.save would append `.npy` to a name without it).
 from __future__ import annotations
 
 import os
+import tokenize
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,8 @@ def read_codes(path: str | os.PathLike, max_frames: int = MAX_FRAMES,
                     f, max_header_size=MAX_HEADER_BYTES)
             else:
                 raise ValueError(f"unsupported .npy version {version}")
-        except (ValueError, EOFError, OSError, SyntaxError, TypeError) as exc:
+        except (ValueError, EOFError, OSError, SyntaxError, TypeError, KeyError, IndexError,
+                tokenize.TokenError) as exc:  # numpy parses the header as a Python literal
             raise _error(f"{path}: not a NumPy .npy array ({exc})", check) from None
         if dtype.hasobject or dtype.kind not in "biuf" or dtype.subdtype is not None:
             raise _error(f"{path}: holds {dtype}, not plain numbers (codes are integers)",

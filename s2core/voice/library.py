@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 from s2core.errors import InvalidInputError, PrefixFileError, VoiceFileError
@@ -108,7 +109,14 @@ def _voice_error(message: str, check: str) -> VoiceFileError:
 def list_command(directory: str | os.PathLike | None, out) -> int:
     """`s2core voices`: each voice with its frames, transcript and stored prefixes."""
     lib = VoiceLibrary(directory)
-    if lib.directory.exists() and not lib.directory.is_dir():
+    try:
+        mode = os.stat(lib.directory).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFDIR  # none yet: no voices
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError("voices_dir", f"{lib.directory}: unusable voice directory "
+                                f"({getattr(exc, 'strerror', None) or exc})") from None
+    if not stat.S_ISDIR(mode):
         raise InvalidInputError("voices_dir", f"{lib.directory} is not a directory")
     names = lib.names()
     if not names:
