@@ -13,7 +13,7 @@ import numpy as np
 
 from s2core.errors import InvalidInputError
 from s2core.generation.loop import audio_seconds
-from s2core.codec.audio import AudioLimits, WavWriter, write_wav
+from s2core.codec.audio import AudioLimits, WavWriter, probe_audio, write_wav
 from s2core.codec.codes_file import read_codes, write_codes
 from s2core.fileio import check_output
 from s2core.generation.loop import GenerationConfig
@@ -136,6 +136,9 @@ def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None)
 
     _check_outputs(args)
     wav_path, codes_path = _output_paths(args)
+    audio_limits = AudioLimits(max_seconds=args.max_reference_seconds)
+    if args.reference_audio is not None:  # a bad recording is refused before any loading
+        probe_audio(args.reference_audio, audio_limits)
     reference = None if args.reference_codes is None else reference_from_npy(args.reference_codes)
     t = time.perf_counter()
     tokenizer = Tokenizer.from_file(args.tokenizer)
@@ -166,8 +169,7 @@ def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None)
                   file=out)
         if args.reference_audio is not None:
             t = time.perf_counter()
-            reference = reference_codes_from_audio(
-                codec, args.reference_audio, AudioLimits(max_seconds=args.max_reference_seconds))
+            reference = reference_codes_from_audio(codec, args.reference_audio, audio_limits)
             encode_s = time.perf_counter() - t
             say(f"reference audio: {args.reference_audio} -> codes {list(reference.shape)}")
         audio = None
