@@ -501,8 +501,10 @@ def test_integer_settings_are_python_ints_in_range(name, value):
     with pytest.raises(InvalidInputError) as info:
         GenerationConfig(**{name: value})
     assert info.value.check == name
-    config = GenerationConfig(max_new_tokens=np.uint16(7), seed=np.uint64(2**63))
+    config = GenerationConfig(max_new_tokens=np.uint16(7), seed=np.uint64(2**63),
+                              top_k=np.uint64(2**64 - 1))
     assert type(config.max_new_tokens) is int and type(config.seed) is int
+    assert config.top_k == 2**64 - 1 and type(config.top_k) is int
 
 
 def test_a_prefix_longer_than_the_prompt_is_a_prefix_check(model, tiny_model):

@@ -100,6 +100,7 @@ class GenerationConfig:
             object.__setattr__(self, "seed", _check_int("seed", self.seed, 0, 2**64 - 1))
         check_sampling(self.temperature, self.top_p, self.top_k)
         check_sampling(self.ras_temperature, self.ras_top_p, self.top_k, "ras")
+        object.__setattr__(self, "top_k", int(self.top_k))  # a Python int: nothing wraps
         if self.code_sampling is not None and not isinstance(self.code_sampling, Sampling):
             raise InvalidInputError("code_sampling", f"code_sampling must be a Sampling or None, "
                                     f"got {type(self.code_sampling).__name__}")
