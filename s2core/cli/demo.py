@@ -28,6 +28,7 @@ import numpy as np
 import s2core
 
 from s2core.codec.audio import WavWriter, write_wav
+from s2core.codec.codes_file import write_codes
 from s2core.embedded.cache import cache_dir, cached_model, model_path
 from s2core.embedded.codec_writer import demo_codec_config
 from s2core.embedded.tokenizer import cached_tokenizer
@@ -133,7 +134,7 @@ def export_demo(directory: Path, model: Path, tokenizer: Path, out) -> None:
     shutil.copyfile(model, directory / "model.gguf")
     shutil.copyfile(tokenizer, directory / "tokenizer.json")
     reference = demo_reference(hp).astype(np.int32)
-    np.save(directory / "reference.npy", reference)
+    write_codes(directory / "reference.npy", reference)
     with s2core.load_codec(directory / "model.gguf") as codec:
         write_wav(directory / "reference.wav", codec.decode(reference), codec.sample_rate)
     (directory / "reference.txt").write_text(DEMO_TRANSCRIPT + "\n", encoding="utf-8")

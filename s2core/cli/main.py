@@ -10,7 +10,7 @@ from collections import Counter
 import s2core
 
 from s2core.cli import codec as codec_commands
-from s2core.errors import S2CoreError
+from s2core.errors import InvalidInputError, S2CoreError
 from s2core.modelfile.file import ModelFile
 from s2core.runtime.memory import (backend_kv_cache_bytes, copied_weight_bytes, holdings, kv_cache_bytes,
                      resident_weight_bytes)
@@ -69,6 +69,8 @@ def _print_backend(r: "s2core.BackendInfo") -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if isinstance(args.ctx, bool) or not 1 <= args.ctx <= 1 << 31:
+        raise InvalidInputError("ctx", f"--ctx must be in [1, {1 << 31}], got {args.ctx}")
     mf = ModelFile(args.model)
     hp = mf.hparams
     print(f"file         {mf.path} ({_gb(mf.file_size)})")
@@ -206,8 +208,18 @@ def main(argv: list[str] | None = None) -> int:
                     "speak": cmd_speak, "voices": cmd_voices, **codec_commands.COMMANDS}
         return commands[args.command](args)
     except S2CoreError as exc:
-        print(f"s2core: error: {exc}", file=sys.stderr)
+        print(f"s2core: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the user gave that the system refused (full disk, ...)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"s2core: error: [os_error] {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _one_line(message: str, limit: int = 2000) -> str:
+    """A message as one bounded line (a hostile path or file can hold newlines)."""
+    text = " ".join(message.split("\n"))
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 if __name__ == "__main__":

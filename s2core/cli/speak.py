@@ -3,6 +3,7 @@ function `s2core.speak.speak`."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,23 +13,24 @@ import numpy as np
 
 from s2core.errors import InvalidInputError
 from s2core.generation.loop import audio_seconds
-from s2core.codec.audio import WavWriter, write_wav
+from s2core.codec.audio import AudioLimits, WavWriter, probe_audio, write_wav
+from s2core.codec.codes_file import read_codes, write_codes
+from s2core.fileio import check_output
 from s2core.generation.loop import GenerationConfig
 from s2core.speak.audio_out import AudioOut, check_codec_fits, reference_codes_from_audio
 from s2core.speak.pipeline import SpeakResult, speak
-from s2core.text.tokenizer import Tokenizer
+from s2core.text.tokenizer import MAX_TEXT_CHARS, Tokenizer
+from s2core.cli.codec import positive_float, positive_int
+from s2core.voice.library import VoiceLibrary
+
+#: the longest reference codes file read: 5 minutes at 21.5 frames a second
+MAX_REFERENCE_FRAMES = 6_500
 
 
 def reference_from_npy(path: str | Path) -> np.ndarray:
-    """fish-speech's reference codes file: an .npy of integers [num_codebooks, T]."""
-    try:
-        return np.load(path, allow_pickle=False)
-    except FileNotFoundError as exc:
-        raise InvalidInputError("reference_codes_file", f"reference codes file not found: "
-                                f"{path}") from exc
-    except (OSError, ValueError) as exc:
-        raise InvalidInputError("reference_codes_file", f"{path}: not a NumPy .npy array of "
-                                f"codes: {exc}") from exc
+    """fish-speech's reference codes file: an .npy of integers [num_codebooks, T], its shape
+    checked from the header before the body is read."""
+    return read_codes(path, MAX_REFERENCE_FRAMES, "reference_codes_file")
 
 
 # ---------------------------------------------------------------------- progress and report
@@ -133,9 +135,14 @@ def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None)
         print(msg, file=err, flush=True)
 
     _check_outputs(args)
+    wav_path, codes_path = _output_paths(args)
+    audio_limits = AudioLimits(max_seconds=args.max_reference_seconds)
+    if args.reference_audio is not None:  # a bad recording is refused before any loading
+        probe_audio(args.reference_audio, audio_limits)
     reference = None if args.reference_codes is None else reference_from_npy(args.reference_codes)
     t = time.perf_counter()
     tokenizer = Tokenizer.from_file(args.tokenizer)
+    tokenizer.max_text_chars = args.max_text_chars
     tokenizer_s = time.perf_counter() - t
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -162,13 +169,13 @@ def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None)
                   file=out)
         if args.reference_audio is not None:
             t = time.perf_counter()
-            reference = reference_codes_from_audio(codec, args.reference_audio)
+            reference = reference_codes_from_audio(codec, args.reference_audio, audio_limits)
             encode_s = time.perf_counter() - t
             say(f"reference audio: {args.reference_audio} -> codes {list(reference.shape)}")
         audio = None
         if args.wav is not None:
             if args.stream:
-                wav = WavWriter(args.wav, codec.sample_rate)
+                wav = WavWriter(wav_path, codec.sample_rate)
             audio = AudioOut(codec, stream=args.stream,
                              on_audio=None if wav is None else wav.write)
         result = speak(model, tokenizer, args.text, reference_codes=reference,
@@ -182,19 +189,17 @@ def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None)
         if codec is not None:
             codec.close()
         model.close()
-    if args.wav is not None and wav is None:
-        write_wav(args.wav, result.audio, codec.sample_rate)
+    if wav_path is not None and wav is None:
+        write_wav(wav_path, result.audio, codec.sample_rate)
     for line in report_lines(result, load_s, tokenizer_s, codec_load_s, encode_s):
         print(line, file=out)
-    if args.out is not None or args.wav is None:
-        out_path = Path(args.out or "codes.npy")
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(out_path, result.codes)
-        print(f"wrote        {out_path}: codes {list(result.codes.shape)} int32 "
+    if codes_path is not None:
+        write_codes(codes_path, result.codes)
+        print(f"wrote        {codes_path}: codes {list(result.codes.shape)} int32 "
               f"([num_codebooks, frames], {result.audio_s:.2f} s of audio)", file=out)
-    if args.wav is not None:
+    if wav_path is not None:
         how = "written as frames came" if args.stream else "decoded after generation"
-        print(f"wrote        {args.wav}: {len(result.audio) / result.audio_stats.sample_rate:.2f}"
+        print(f"wrote        {wav_path}: {len(result.audio) / result.audio_stats.sample_rate:.2f}"
               f" s, {result.audio_stats.sample_rate} Hz mono PCM16 ({how})", file=out)
     return 0
 
@@ -212,6 +217,25 @@ def _check_outputs(args: Any) -> None:
     if args.reference_audio is not None and args.reference_text is None:
         raise InvalidInputError("reference_text", "--reference-audio needs --reference-text "
                                 "(its transcript)")
+
+
+def _output_paths(args: Any) -> tuple[Path | None, Path | None]:
+    """(WAV, codes .npy) paths, each refused before any work when it cannot be a file or is
+    one of the command's inputs (the model, codec, tokenizer, reference, voice files)."""
+    inputs = [args.model, args.codec, args.tokenizer, args.reference_codes, args.reference_audio]
+    if args.voice is not None:
+        library = VoiceLibrary(args.voices_dir)
+        inputs.append(library.path_of(args.voice))
+    def fail(message: str, check: str) -> InvalidInputError:
+        return InvalidInputError(check, message)
+    wav = None if args.wav is None else check_output(args.wav, inputs, fail, "--wav")
+    codes = None
+    if args.out is not None or args.wav is None:
+        codes = check_output("codes.npy" if args.out is None else args.out, inputs + [args.wav],
+                             fail, "--out")
+        if wav is not None and Path(os.path.abspath(codes)) == Path(os.path.abspath(wav)):
+            raise InvalidInputError("output_is_input", f"--out and --wav are both {wav}")
+    return wav, codes
 
 
 def add_arguments(p: Any) -> None:
@@ -247,6 +271,11 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--codec", metavar="GGUF",
                    help="the codec's file (default: the model file, which carries it)")
     p.add_argument("--codec-backend", default=None, help="codec backend (default: auto)")
+    p.add_argument("--max-text-chars", type=positive_int, default=MAX_TEXT_CHARS,
+                   help=f"refuse longer texts and transcripts (default {MAX_TEXT_CHARS})")
+    p.add_argument("--max-reference-seconds", type=positive_float, default=60.0,
+                   help="refuse longer reference recordings, checked from the header "
+                        "(default 60)")
     p.add_argument("--out", default=None,
                    help="output .npy: codes [num_codebooks, frames] int32 (default codes.npy "
                         "when no --wav is given)")

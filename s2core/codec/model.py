@@ -125,7 +125,11 @@ class Codec:
     # ------------------------------------------------------------------ checks
     def check_codes(self, codes: Any) -> np.ndarray:
         """Validated codes as clamped int32 [num_codebooks, T]; InvalidInputError otherwise."""
-        arr = np.asarray(codes)
+        try:
+            arr = np.asarray(codes)
+        except (ValueError, TypeError, OverflowError) as exc:  # a ragged list, say
+            raise InvalidInputError("codes_shape", f"codes must be a rectangular "
+                                    f"[num_codebooks, T] array: {exc}") from None
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
             raise InvalidInputError("codes_dtype", f"codes must be integers, got dtype {arr.dtype}")
         if arr.ndim != 2 or arr.shape[0] != self.num_codebooks:

@@ -24,6 +24,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from s2core.fileio import temporary_sibling
 from s2core.codec.hparams import KEY_PREFIX, CodecHparams, TransformerHparams
 from s2core.codec.layout import CodecLayout, Conv, ConvTranspose, build_layout
 from s2core.embedded.encoding import Plan, encode, tensor_rng
@@ -239,16 +240,20 @@ def write_codec(path: str | os.PathLike, config: CodecConfig, weight_type: str =
     prefix = "" if codec_only else "c."
     plan = codec_plan(config, weight_type, prefix)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    writer = gguf.GGUFWriter(tmp, arch=CODEC_ONLY_ARCH if codec_only else FULL_ARCH)
-    writer.add_string("general.name", name)
-    writer.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16 if weight_type == "f16"
-                                               else gguf.LlamaFileType.ALL_F32))
-    add_codec_metadata(writer, config)
-    write_tensors(writer, plan, codec_tensor_values(config, seed), prefix, progress)
-    writer.close()
-    os.replace(tmp, path)  # never a half-written file under the real name
+    tmp = temporary_sibling(path)  # unique: concurrent writers never share a temporary name
+    try:
+        writer = gguf.GGUFWriter(tmp, arch=CODEC_ONLY_ARCH if codec_only else FULL_ARCH)
+        writer.add_string("general.name", name)
+        writer.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16
+                                                   if weight_type == "f16"
+                                                   else gguf.LlamaFileType.ALL_F32))
+        add_codec_metadata(writer, config)
+        write_tensors(writer, plan, codec_tensor_values(config, seed), prefix, progress)
+        writer.close()
+        os.replace(tmp, path)  # never a half-written file under the real name
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     return WrittenCodec(path, config, weight_type, prefix)
 
 

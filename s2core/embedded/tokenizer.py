@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from s2core.fileio import atomic_output
 from s2core.modelfile.hparams import Hparams
 from s2core.embedded.cache import cache_dir
 from s2core.embedded.corpus import CORPUS
@@ -81,8 +82,6 @@ def cached_tokenizer(hp: Hparams, directory: Path | None = None, stem: str = "to
     once and kept, so its ids stay the same for voices saved with it)."""
     path = tokenizer_path(hp, directory, stem)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(build_tokenizer_json(hp), encoding="utf-8")
-        tmp.replace(path)
+        with atomic_output(path, what="tokenizer") as f:  # a unique temporary name
+            f.write(build_tokenizer_json(hp).encode("utf-8"))
     return path

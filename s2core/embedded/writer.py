@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from s2core.fileio import temporary_sibling
 from s2core.gguf.blocks import QUANTIZED_TYPES
 from s2core.gguf.blocks import random_blocks as _random_blocks
 from s2core.modelfile.hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
@@ -167,9 +168,6 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
                          f"{sorted(WEIGHT_TYPES) + sorted(MIXED_TYPES)}")
     hp.validate()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-
     plan = [(n, s, tensor_type(n, s, weight_type, hp.n_layer))
             for n, s in expected_tensors(hp).items()]
     if include_codec:
@@ -179,6 +177,22 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
         plan += codec_plan(codec, "f32" if weight_type == "f32" else "f16", prefix="c.")
         codec_values = codec_tensor_values(codec, seed)
 
+    # a unique temporary name beside the file: concurrent writers (threads filling the model
+    # cache) never share one, and a crash mid-write never leaves a half file under the name
+    tmp = temporary_sibling(path)
+    try:
+        _write_plan(tmp, hp, weight_type, name, include_codec, codec, plan, codec_values,
+                    random_blocks, seed, progress)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return WrittenModel(path, hp, weight_type, {n: qt.name.lower() for n, _, qt in plan})
+
+
+def _write_plan(tmp: Path, hp: Hparams, weight_type: str, name: str, include_codec: bool,
+                codec: Any, plan: list, codec_values: Any, random_blocks: bool, seed: int,
+                progress: Any) -> None:
     writer = gguf.GGUFWriter(tmp, arch=hp.architecture)
     _add_metadata(writer, hp, weight_type, name, include_codec)
     if codec is not None:
@@ -195,8 +209,6 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
 
     write_tensors(writer, plan, stored, progress)
     writer.close()
-    os.replace(tmp, path)  # a crash mid-write never leaves a half file under the real name
-    return WrittenModel(path, hp, weight_type, {n: qt.name.lower() for n, _, qt in plan})
 
 
 def _add_metadata(w: gguf.GGUFWriter, hp: Hparams, weight_type: str, name: str,

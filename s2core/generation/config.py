@@ -31,11 +31,19 @@ class Sampling:
         check_sampling(self.temperature, self.top_p, self.top_k)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+#: the largest count or id a setting may hold (positions, frames, ids: far below it)
+MAX_SETTING = 2**31 - 1
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int = MAX_SETTING) -> int:
+    """`value` as a Python int in [minimum, maximum] (a NumPy integer is converted first, so
+    nothing computed from it later wraps)."""
     if not is_integer(value):
         raise InvalidInputError(name, f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidInputError(name, f"{name} must be >= {minimum}, got {value}")
+    value = int(value)
+    if not minimum <= value <= maximum:
+        raise InvalidInputError(name, f"{name} must be in [{minimum}, {maximum}], got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -62,14 +70,15 @@ class GenerationConfig:
     ras_top_p: float = RAS_TOP_P
 
     def __post_init__(self):
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
-        _check_int("min_tokens_before_end", self.min_tokens_before_end, 0)
-        _check_int("im_end_id", self.im_end_id, 0)
-        _check_int("ras_window", self.ras_window, 0)
+        # stored back as Python ints: a NumPy uint64 would wrap in prompt + max_new_tokens
+        for name in ("max_new_tokens", "min_tokens_before_end", "im_end_id", "ras_window"):
+            object.__setattr__(self, name, _check_int(name, getattr(self, name),
+                                                      1 if name == "max_new_tokens" else 0))
         if self.seed is not None:
-            _check_int("seed", self.seed, 0)
+            object.__setattr__(self, "seed", _check_int("seed", self.seed, 0, 2**64 - 1))
         check_sampling(self.temperature, self.top_p, self.top_k)
         check_sampling(self.ras_temperature, self.ras_top_p, self.top_k, "ras")
+        object.__setattr__(self, "top_k", int(self.top_k))  # a Python int: nothing wraps
         if self.code_sampling is not None and not isinstance(self.code_sampling, Sampling):
             raise InvalidInputError("code_sampling", f"code_sampling must be a Sampling or None, "
                                     f"got {type(self.code_sampling).__name__}")

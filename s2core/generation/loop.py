@@ -63,11 +63,11 @@ def check_prompt(model: SlowARModel, prompt: Any, config: GenerationConfig,
                                  f"max_new_tokens ({config.max_new_tokens}) = {capacity} exceeds "
                                  f"the model's context_length {hp.context_length}")
     if prefix is not None:
-        model.check_prefix(prefix, capacity)
-        n = prefix.n_positions
+        n = getattr(prefix, "n_positions", 0)
         if n >= len(mat):
             raise PrefixMismatchError("prefix_length", f"the prefix holds {n} positions but the "
                                     f"prompt only {len(mat)}: nothing is left to prefill")
+        model.check_prefix(prefix, capacity)
         if not np.array_equal(inputs.canonical_rows(mat[:n], hp), prefix.tokens):
             t = int(np.flatnonzero((inputs.canonical_rows(mat[:n], hp)
                                     != prefix.tokens).any(axis=1))[0])

@@ -60,6 +60,16 @@ class ModelGuard:
                 self._check(what)
             yield
 
+    def check_no_stream(self, what: str) -> None:
+        """Refuse (ModelBusyError) while any stream holds the model, this thread's included:
+        for a call that would replace the cache the stream is using."""
+        with self._lock:
+            self._check(what)
+            if self._lease is not None:
+                raise ModelBusyError(
+                    f"{what}: {self._lease.what} holds the model of {self._describe()} and its "
+                    "KV cache until it ends; finish or close() that stream first")
+
     def check(self, what: str) -> None:
         """The checks of a call, for a function that touches the model later (generate)."""
         with self._lock:

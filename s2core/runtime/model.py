@@ -358,6 +358,7 @@ class SlowARModel:
             raise CacheOverflowError("capacity", f"the prefix holds {n} positions, more than the "
                                      f"KV cache capacity max_seq_len={capacity}")
         inputs.token_matrix(prefix.tokens, None, hp)  # ids and codes in range (a file's too)
+        prefix.check_finite()  # NaN K/V would fail this synthesis, or a batch's other requests
 
     @guarded
     def restore_prefix(self, prefix: "KVPrefix") -> str:

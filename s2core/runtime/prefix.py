@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -31,12 +32,19 @@ from typing import Any
 import numpy as np
 
 from s2core.version import __version__
-from s2core.errors import PrefixFileError
+from s2core.errors import PrefixFileError, PrefixMismatchError
+from s2core.fileio import atomic_output, open_regular
 from s2core.modelfile.file import ModelFile
 
 FORMAT = "s2core-kvprefix/1"
 #: bytes hashed at the start, middle and end of every tensor for the content digest
 SAMPLE_BYTES = 4096
+#: a prefix file's JSON header (the identity's hparams and the tensor table) is a few KiB
+MAX_HEADER_BYTES = 1 << 20
+#: the largest dimension a stored tensor may declare (positions, layers, heads, head_dim)
+MAX_DIM = 1 << 24
+#: values checked for finiteness at a time (bounded memory for any prefix)
+FINITE_CHUNK = 1 << 20
 _STORED = {"f16": np.dtype("<f2"), "bf16": np.dtype("<u2"), "f32": np.dtype("<f4")}
 #: safetensors' names of the types a prefix file holds (the format is little-endian)
 _ST_DTYPES = {"F16": np.dtype("<f2"), "U16": np.dtype("<u2"), "F32": np.dtype("<f4"),
@@ -121,6 +129,7 @@ class KVPrefix:
         if self.tokens.ndim != 2 or self.tokens.shape[0] != self._k.shape[1]:
             raise PrefixFileError(f"token rows {self.tokens.shape} do not match the "
                                   f"{self._k.shape[1]} positions of K/V")
+        self._finite: bool | None = None  # K and V finite (counted on first check_finite)
 
     @property
     def n_positions(self) -> int:
@@ -146,47 +155,61 @@ class KVPrefix:
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> Path:
-        """Write one safetensors file (atomically: a crash never leaves half a file)."""
-        from safetensors.numpy import save_file
+        """Write one safetensors file atomically: written to a unique temporary name in the
+        same directory and renamed into place, so a reader never sees half a file and two
+        writers of the same path never collide."""
+        from safetensors.numpy import save
 
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         metadata = {"format": FORMAT, "kv_cache_dtype": self.kv_cache_dtype,
                     "model": self.model.to_json(), "backend": self.backend,
                     "s2core_version": _version()}
-        try:
-            save_file({"k": np.ascontiguousarray(self._k), "v": np.ascontiguousarray(self._v),
-                       "tokens": np.ascontiguousarray(self.tokens)}, tmp, metadata=metadata)
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        data = save({"k": np.ascontiguousarray(self._k), "v": np.ascontiguousarray(self._v),
+                     "tokens": np.ascontiguousarray(self.tokens)}, metadata=metadata)
+        with atomic_output(path, _error, "KV prefix file") as f:
+            f.write(data)
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "KVPrefix":
-        """Read a prefix file; K and V stay memory-mapped until a restore reads them."""
+        """Read a prefix file; K and V stay memory-mapped until a restore reads them.
+
+        Everything is checked before any array is made: a regular file, the header's length,
+        JSON, metadata types, the model identity, every tensor's dtype, shape and byte range,
+        shapes that agree with each other and with the identity's hparams, and K and V finite.
+        Any failure is a PrefixFileError whose `check` names the rule."""
         path = Path(path)
-        header, data_start = _read_header(path)
-        meta = header.pop("__metadata__", None) or {}
-        if meta.get("format") != FORMAT:
-            raise PrefixFileError(f"{path}: not an s2core KV prefix (format "
-                                  f"{meta.get('format')!r}, expected {FORMAT!r})")
-        dtype = meta.get("kv_cache_dtype")
-        if dtype not in _STORED:
-            raise PrefixFileError(f"{path}: unknown kv_cache_dtype {dtype!r}")
-        try:
-            model = ModelIdentity.from_json(meta["model"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PrefixFileError(f"{path}: unreadable model identity: {exc}") from exc
-        size = path.stat().st_size
-        arrays = {}
-        for name, want in (("k", _STORED[dtype]), ("v", _STORED[dtype]),
-                           ("tokens", _ST_DTYPES["I64"])):
-            arrays[name] = _map_tensor(path, header, name, want, data_start, size)
-        return cls(arrays["k"], arrays["v"], np.asarray(arrays["tokens"]), dtype, model,
-                   meta.get("backend", ""), _stored=True)
+        with open_regular(path, _error, "KV prefix file") as f:
+            size = os.fstat(f.fileno()).st_size
+            header, data_start = _read_header(f, path, size)
+        meta = _metadata(path, header)
+        dtype = meta["kv_cache_dtype"]
+        model = _identity(path, meta["model"])
+        entries = {name: _tensor_entry(path, header, name, want, size - data_start)
+                   for name, want in (("k", _STORED[dtype]), ("v", _STORED[dtype]),
+                                      ("tokens", _ST_DTYPES["I64"]))}
+        _check_shapes(path, model, {name: e[1] for name, e in entries.items()})
+        arrays = {name: _map(path, want, shape, data_start + begin)
+                  for name, (want, shape, begin) in entries.items()}
+        for name in ("k", "v"):
+            bad = _count_nonfinite(arrays[name], dtype)
+            if bad:
+                raise PrefixFileError(f"{path}: {name.upper()} holds {bad} NaN or infinite "
+                                      "values", "finite")
+        prefix = cls(arrays["k"], arrays["v"], np.array(arrays["tokens"]), dtype, model,
+                     meta.get("backend", ""), _stored=True)
+        prefix._finite = True
+        return prefix
+
+    def check_finite(self) -> None:
+        """Refuse (PrefixMismatchError, `prefix_finite`) K or V holding NaN or infinity: such
+        a prefix would poison every position after it. Counted once per prefix."""
+        if self._finite is None:
+            self._finite = not any(_count_nonfinite(a, self.kv_cache_dtype)
+                                   for a in (self._k, self._v))
+        if not self._finite:
+            raise PrefixMismatchError("prefix_finite", "the prefix's K or V holds NaN or "
+                                      "infinite values: it would poison every later position")
 
     def __repr__(self) -> str:
         return (f"KVPrefix(n_positions={self.n_positions}, shape={self.shape}, "
@@ -217,53 +240,150 @@ def _from_stored(a: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(a, dtype=np.float32).copy() if dtype == "f32" else a.astype(np.float32)
 
 
-def _read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """safetensors' header: u64 little-endian length, then that much JSON."""
+def _error(message: str, check: str) -> PrefixFileError:
+    return PrefixFileError(message, check)
+
+
+def _read_header(f: Any, path: Path, size: int) -> tuple[dict[str, Any], int]:
+    """safetensors' header: u64 little-endian length, then that much JSON (bounded)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise PrefixFileError(f"{path}: too short for a safetensors file "
-                                      f"({len(head)} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > path.stat().st_size - 8 or n > 100 << 20:
-                raise PrefixFileError(f"{path}: header length {n} does not fit the file")
-            raw = f.read(n)
-    except FileNotFoundError as exc:
-        raise PrefixFileError(f"KV prefix file not found: {path}") from exc
+        head = f.read(8)
+        if len(head) < 8:
+            raise PrefixFileError(f"{path}: too short for a safetensors file ({len(head)} "
+                                  "bytes)", "truncated")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8 or n > MAX_HEADER_BYTES:
+            raise PrefixFileError(f"{path}: header length {n} does not fit the file ({size} "
+                                  f"bytes) or exceeds {MAX_HEADER_BYTES}", "header_length")
+        raw = f.read(n)
     except OSError as exc:
-        raise PrefixFileError(f"{path}: cannot read: {exc}") from exc
+        raise PrefixFileError(f"{path}: cannot read: {exc}", "read") from exc
     try:
         header = json.loads(raw)
+    except RecursionError:
+        raise PrefixFileError(f"{path}: the safetensors header nests too deeply",
+                              "header_json") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise PrefixFileError(f"{path}: the safetensors header is not JSON: {exc}") from exc
+        raise PrefixFileError(f"{path}: the safetensors header is not JSON: {exc}",
+                              "header_json") from exc
     if not isinstance(header, dict):
-        raise PrefixFileError(f"{path}: the safetensors header is not a JSON object")
+        raise PrefixFileError(f"{path}: the safetensors header is not a JSON object",
+                              "header_json")
+    unknown = sorted(set(header) - {"__metadata__", "k", "v", "tokens"})
+    if unknown:
+        raise PrefixFileError(f"{path}: unexpected header entries {unknown[:5]!r}", "tensors")
     return header, 8 + n
 
 
-def _map_tensor(path: Path, header: dict[str, Any], name: str, want: np.dtype, data_start: int,
-                size: int) -> np.ndarray:
-    info = header.get(name)
-    if not isinstance(info, dict):
-        raise PrefixFileError(f"{path}: no tensor {name!r}")
+def _metadata(path: Path, header: dict[str, Any]) -> dict[str, str]:
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                             for k, v in meta.items()):
+        raise PrefixFileError(f"{path}: __metadata__ must map strings to strings, got "
+                              f"{type(meta).__name__}", "metadata_type")
+    if meta.get("format") != FORMAT:
+        raise PrefixFileError(f"{path}: not an s2core KV prefix (format "
+                              f"{meta.get('format')!r:.80}, expected {FORMAT!r})", "format")
+    if meta.get("kv_cache_dtype") not in _STORED:
+        raise PrefixFileError(f"{path}: unknown kv_cache_dtype "
+                              f"{meta.get('kv_cache_dtype')!r:.80}", "kv_cache_dtype")
+    if "model" not in meta:
+        raise PrefixFileError(f"{path}: no model identity", "model_identity")
+    return meta
+
+
+def _identity(path: Path, text: str) -> ModelIdentity:
+    """The stored model identity, every field of the type ModelIdentity.of writes."""
     try:
-        dtype = _ST_DTYPES[info["dtype"]]
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(x) for x in info["data_offsets"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PrefixFileError(f"{path}: tensor {name!r} has a malformed entry {info!r}") from exc
-    if dtype != want:
-        raise PrefixFileError(f"{path}: tensor {name!r} is {info['dtype']}, expected "
-                              f"{np.dtype(want).name}")
-    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if min(shape, default=1) < 0 or end - begin != n_bytes or begin < 0 \
-            or data_start + end > size:
-        raise PrefixFileError(f"{path}: tensor {name!r} of shape {shape} does not match its "
-                              f"byte range [{begin}, {end}) (file of {size} bytes: truncated?)")
-    if n_bytes == 0:
+        d = json.loads(text)
+    except RecursionError:
+        d = None
+    except ValueError as exc:
+        raise PrefixFileError(f"{path}: the model identity is not JSON: {exc}",
+                              "model_identity") from exc
+    ok = (isinstance(d, dict) and set(d) == {"hparams", "tensors_sha256", "content_sha256"}
+          and isinstance(d["hparams"], dict) and d["hparams"]
+          and all(isinstance(k, str) for k in d["hparams"])
+          and all(isinstance(d[k], str) and len(d[k]) == 64
+                  and all(c in "0123456789abcdef" for c in d[k])
+                  for k in ("tensors_sha256", "content_sha256")))
+    if not ok:
+        raise PrefixFileError(f"{path}: the model identity must be an object with hparams (a "
+                              "non-empty object) and two sha256 hex digests", "model_identity")
+    return ModelIdentity(d["hparams"], d["tensors_sha256"], d["content_sha256"])
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _tensor_entry(path: Path, header: dict[str, Any], name: str, want: np.dtype,
+                  body: int) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, begin) of a tensor whose entry has the right types and whose byte range
+    lies in the file's body and matches its shape (all in Python ints: nothing wraps)."""
+    info = header.get(name)
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise PrefixFileError(f"{path}: no well-formed tensor {name!r} (an object with dtype, "
+                              "shape and data_offsets)", "tensor_entry")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or _ST_DTYPES.get(dtype) != want:
+        raise PrefixFileError(f"{path}: tensor {name!r} is {dtype!r:.40}, expected "
+                              f"{np.dtype(want).name}", "tensor_dtype")
+    if (not isinstance(shape, list) or len(shape) > 4
+            or not all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape)):
+        raise PrefixFileError(f"{path}: tensor {name!r} has shape {shape!r:.80}: it must be at "
+                              f"most 4 integers in [0, {MAX_DIM}]", "tensor_shape")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(_is_int(o) for o in offsets)):
+        raise PrefixFileError(f"{path}: tensor {name!r} has data_offsets {offsets!r:.80}: it "
+                              "must be two integers", "tensor_offsets")
+    begin, end = offsets
+    n_bytes = math.prod(shape) * want.itemsize
+    if not 0 <= begin <= end <= body or end - begin != n_bytes:
+        raise PrefixFileError(f"{path}: tensor {name!r} of shape {tuple(shape)} needs "
+                              f"{n_bytes} bytes but its range is [{begin}, {end}) of a "
+                              f"{body}-byte body (truncated?)", "tensor_offsets")
+    return want, tuple(shape), begin
+
+
+def _check_shapes(path: Path, model: ModelIdentity, shapes: dict[str, tuple[int, ...]]) -> None:
+    """K and V equal 4-D shapes [n_layer, n, n_head_kv, head_dim] as the identity's hparams say,
+    token rows (n, num_codebooks + 1)."""
+    k, v, tokens = shapes["k"], shapes["v"], shapes["tokens"]
+    hp = model.hparams
+    want = [hp.get(key) for key in ("n_layer", "n_head_kv", "head_dim", "num_codebooks")]
+    if len(k) != 4 or k != v or len(tokens) != 2 or tokens[0] != k[1]:
+        raise PrefixFileError(f"{path}: K {k}, V {v} and token rows {tokens} must be "
+                              "[n_layer, n, n_head_kv, head_dim] twice and (n, width)",
+                              "tensor_shape")
+    if not all(_is_int(w) for w in want) or (k[0], k[2], k[3], tokens[1]) != (
+            want[0], want[1], want[2], want[3] + 1):
+        raise PrefixFileError(f"{path}: K {k} and token rows {tokens} do not match the model "
+                              f"identity's n_layer, n_head_kv, head_dim, num_codebooks "
+                              f"{want!r:.80}", "model_identity")
+
+
+def _map(path: Path, dtype: np.dtype, shape: tuple[int, ...], offset: int) -> np.ndarray:
+    if math.prod(shape) == 0:
         return np.zeros(shape, dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=data_start + begin, shape=shape)
+    try:
+        return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+    except (OSError, ValueError) as exc:
+        raise PrefixFileError(f"{path}: cannot map its tensors: {exc}", "read") from exc
+
+
+def _count_nonfinite(a: np.ndarray, dtype: str) -> int:
+    """NaN and infinite values of a stored K or V, read in bounded chunks (a memory map stays
+    mostly on disk): an all-ones exponent in the stored width's bits."""
+    flat = np.asarray(a).reshape(-1)
+    exponent = {"f16": (np.uint16, 0x7C00), "bf16": (np.uint16, 0x7F80),
+                "f32": (np.uint32, 0x7F800000)}[dtype]
+    bits_type, mask = exponent
+    bad = 0
+    for start in range(0, flat.size, FINITE_CHUNK):
+        bits = flat[start:start + FINITE_CHUNK].view(bits_type)
+        bad += int(np.count_nonzero((bits & mask) == mask))
+    return bad
 
 
 def _version() -> str:

@@ -143,6 +143,7 @@ class BatchedModel:
         if not 0 < max_seq_len <= ctx:
             raise InvalidInputError("max_seq_len_range", f"max_seq_len must be in [1, "
                                     f"context_length={ctx}], got {max_seq_len}")
+        self.model._guard.check_no_stream("BatchedModel.init_slots()")  # its cache stays
         self._check_no_other_owner("init_slots")
         self._allocate(n_slots, max_seq_len)  # keeps the previous slots if it raises
         self.model._slot_owner = weakref.ref(self)
@@ -167,8 +168,12 @@ class BatchedModel:
 
     def _check_no_other_owner(self, what: str) -> None:
         """The backend holds one set of slots: a second BatchedModel allocating its own would
-        drop the first's in the middle of its requests."""
+        drop the first's in the middle of its requests. An owner whose slots hold no sequence
+        (every n_past 0: idle) gives them up: it allocates again when it next needs them."""
         owner = self._other_owner()
+        if owner is not None and not any(owner._n_past) and not any(owner._shared):
+            owner.free_slots()
+            owner = None
         if owner is not None:
             raise ModelBusyError(
                 f"BatchedModel.{what}(): another BatchedModel on {self.model.model_file.path} "

@@ -14,14 +14,13 @@ are decoded in one shot at the end. Both give the same samples: the streaming de
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from s2core.codec.audio import read_for_codec
+from s2core.codec.audio import DEFAULT_LIMITS, AudioLimits, AudioSource, read_for_codec
 from s2core.codec import Codec
 from s2core.errors import InvalidInputError
 from s2core.modelfile.hparams import Hparams
@@ -37,13 +36,15 @@ def check_codec_fits(codec: Codec, hp: Hparams) -> None:
             f"makes {hp.num_codebooks} codes a frame: they are not a pair")
 
 
-def reference_codes_from_audio(codec: Codec, path: str | os.PathLike) -> np.ndarray:
-    """A recording (any rate, mono or not) -> reference codes [num_codebooks, T] int32."""
+def reference_codes_from_audio(codec: Codec, path: "AudioSource",
+                               limits: AudioLimits = DEFAULT_LIMITS) -> np.ndarray:
+    """A recording (a path, bytes or a binary file; any rate, mono or not; within `limits`,
+    60 s by default) -> reference codes [num_codebooks, T] int32."""
     if not codec.can_encode:
         raise InvalidInputError(
             "reference_audio", f"{codec.codec_file.path}: this codec cannot encode "
             "(no encoder tensors, or its backend declares no encoder); give reference codes")
-    return codec.encode(read_for_codec(path, codec.sample_rate))
+    return codec.encode(read_for_codec(path, codec.sample_rate, limits))
 
 
 @dataclass

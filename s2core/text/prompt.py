@@ -92,7 +92,11 @@ def check_reference(reference_text: Any, reference_codes: Any, hp: Hparams) -> n
     if not isinstance(reference_text, str) or not reference_text.strip():
         raise InvalidInputError("reference_text", "reference codes need their transcript (a "
                                 f"non-empty string), got {reference_text!r}")
-    codes = np.asarray(reference_codes)
+    try:
+        codes = np.asarray(reference_codes)
+    except (ValueError, TypeError, OverflowError) as exc:  # a ragged list, say
+        raise InvalidInputError("reference_codes_shape", f"reference codes must be a "
+                                f"rectangular [num_codebooks, T] array: {exc}") from None
     if codes.dtype.kind not in "iu":
         raise InvalidInputError("reference_codes_dtype", f"reference codes must be integers, "
                                 f"got dtype {codes.dtype}")

@@ -21,8 +21,14 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from s2core.errors import TokenizerError
+from s2core.errors import InvalidInputError, TokenizerError
+from s2core.fileio import read_bounded
 
+#: the longest text (characters) a prompt's text or transcript may have: ~20 minutes of speech,
+#: far more than one synthesis's context holds, refused in microseconds
+MAX_TEXT_CHARS = 20_000
+#: the largest tokenizer.json read (S2 Pro's is ~11 MB)
+MAX_TOKENIZER_BYTES = 64 << 20
 #: the special tokens SPEC 7's prompt needs, by name
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -36,6 +42,9 @@ SEMANTIC_0 = "<|semantic:0|>"
 
 class Tokenizer:
     """A loaded tokenizer.json with the ids of the special tokens the prompt uses."""
+
+    #: the longest text encode() takes (characters), checked before any work
+    max_text_chars: int = MAX_TEXT_CHARS
 
     def __init__(self, hf_tokenizer: Any, source: str = "<memory>"):
         """`hf_tokenizer`: a `tokenizers.Tokenizer`. Use from_file / from_str."""
@@ -61,14 +70,16 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+    def from_file(cls, path: str | os.PathLike, max_bytes: int = MAX_TOKENIZER_BYTES
+                  ) -> "Tokenizer":
+        """Load a tokenizer.json: a regular file of at most `max_bytes`."""
         path = Path(path)
+        data = read_bounded(path, max_bytes, _error, "tokenizer file")
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
-            raise TokenizerError(f"tokenizer file not found: {path}") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TokenizerError(f"{path}: cannot read it as UTF-8 text: {exc}") from exc
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TokenizerError(f"{path}: cannot read it as UTF-8 text: {exc}",
+                                 "utf8") from exc
         return cls.from_str(text, source=str(path))
 
     @classmethod
@@ -121,6 +132,7 @@ class Tokenizer:
         """Token ids of `text`: special tokens matched literally first, the rest BPE."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode() takes a str, got {type(text).__name__}")
+        check_text(text, self.max_text_chars)
         ids: list[int] = []
         pos = 0
         for start, end, token_id in self._special_matches(text):
@@ -162,3 +174,20 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer({self.source!r}, vocab_size={self.vocab_size}, "
                 f"special_tokens={len(self.special_tokens)})")
+
+
+def check_text(text: str, max_chars: int = MAX_TEXT_CHARS, what: str = "text") -> None:
+    """A text to speak or transcribe: at most `max_chars` characters (`text_length`) and valid
+    Unicode, no lone surrogate (`text_unicode`), checked before any tokenizing."""
+    if len(text) > max_chars:
+        raise InvalidInputError("text_length", f"the {what} has {len(text)} characters, more "
+                                f"than the {max_chars} allowed (Tokenizer.max_text_chars)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError("text_unicode", f"the {what} is not valid Unicode: "
+                                f"{exc.reason} at character {exc.start}") from None
+
+
+def _error(message: str, check: str) -> TokenizerError:
+    return TokenizerError(message, check)

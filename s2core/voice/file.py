@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from s2core.errors import VoiceFileError
+from s2core.fileio import atomic_output, read_bounded
 from s2core.modelfile.hparams import Hparams
 
 MAGIC = b"S2VOICE\0"
@@ -30,6 +31,8 @@ VERSION = 1
 #: S2 Pro's codec sample rate (s2.cpp checks a profile's against its codec's)
 SAMPLE_RATE = 44100
 _HEADER = struct.Struct("<8sIiiiiQQ")  # 44 bytes
+#: the largest .s2voice read (a minute of reference is ~60 KB of codes; this allows hours)
+MAX_VOICE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,22 +91,21 @@ def write_s2voice(path: str | os.PathLike, voice: Voice) -> Path:
     header = _HEADER.pack(MAGIC, VERSION, codes.shape[0], codes.shape[1], voice.sample_rate,
                           voice.codebook_size, len(text), len(body))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_bytes(header + text + body)
-    os.replace(tmp, path)
+    with atomic_output(path, _error, "voice file") as f:  # a unique temporary name, renamed
+        f.write(header + text + body)
     return path
 
 
-def read_s2voice(path: str | os.PathLike) -> Voice:
+def read_s2voice(path: str | os.PathLike, max_bytes: int | None = None) -> Voice:
+    """Read an .s2voice: a regular file of at most `max_bytes` (default MAX_VOICE_BYTES),
+    refused before its body is read otherwise."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise VoiceFileError(f"voice file not found: {path}", "exists") from exc
-    except OSError as exc:
-        raise VoiceFileError(f"{path}: cannot read: {exc}", "exists") from exc
-    return parse_s2voice(data, str(path))
+    limit = MAX_VOICE_BYTES if max_bytes is None else max_bytes
+    return parse_s2voice(read_bounded(path, limit, _error, "voice file"), str(path))
+
+
+def _error(message: str, check: str) -> VoiceFileError:
+    return VoiceFileError(message, check)
 
 
 def parse_s2voice(data: bytes, source: str = "<bytes>") -> Voice:

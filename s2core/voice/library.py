@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
-from s2core.errors import InvalidInputError, PrefixFileError
+from s2core.errors import InvalidInputError, PrefixFileError, VoiceFileError
+from s2core.fileio import check_output
 from s2core.runtime.prefix import KVPrefix, ModelIdentity
 from s2core.voice.file import Voice, read_s2voice, write_s2voice
 
@@ -25,6 +27,8 @@ PREFIX_SUFFIX = ".kvprefix.safetensors"
 ENV_VOICES = "S2CORE_VOICES"
 #: s2.cpp's default --voice-dir
 DEFAULT_DIR = "voices"
+#: a voice's longest prefix file name is NAME + 43 characters, plus a temporary suffix
+MAX_NAME_CHARS = 128
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -47,6 +51,8 @@ class VoiceLibrary:
         return self.directory / f"{text}{SUFFIX}"
 
     def names(self) -> list[str]:
+        """The voices' names (of regular .s2voice files or symlinks; a FIFO, a device or a
+        directory with the suffix is listed and refused when read)."""
         if not self.directory.is_dir():
             return []
         return sorted(p.name[:-len(SUFFIX)] for p in self.directory.iterdir()
@@ -58,7 +64,8 @@ class VoiceLibrary:
 
     def save(self, name: str, voice: Voice) -> Path:
         check_name(name)
-        return write_s2voice(self.directory / f"{name}{SUFFIX}", voice)
+        path = check_output(self.directory / f"{name}{SUFFIX}", (), _voice_error, "voice file")
+        return write_s2voice(path, voice)
 
     # ------------------------------------------------------------------ prefixes
     @staticmethod
@@ -88,13 +95,29 @@ class VoiceLibrary:
 def check_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name) or name.endswith(SUFFIX):
         raise InvalidInputError("voice_name", f"a voice name is letters, digits, '.', '_' and "
-                                f"'-', starting with a letter or digit; got {name!r}")
+                                f"'-', starting with a letter or digit; got {name!r:.120}")
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidInputError("voice_name", f"a voice name has at most {MAX_NAME_CHARS} "
+                                f"characters (its prefix files' names must fit the file "
+                                f"system's 255 bytes); got {len(name)}")
+
+
+def _voice_error(message: str, check: str) -> VoiceFileError:
+    return VoiceFileError(message, check)
 
 
 def list_command(directory: str | os.PathLike | None, out) -> int:
     """`s2core voices`: each voice with its frames, transcript and stored prefixes."""
-    from s2core.errors import VoiceFileError
     lib = VoiceLibrary(directory)
+    try:
+        mode = os.stat(lib.directory).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFDIR  # none yet: no voices
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError("voices_dir", f"{lib.directory}: unusable voice directory "
+                                f"({getattr(exc, 'strerror', None) or exc})") from None
+    if not stat.S_ISDIR(mode):
+        raise InvalidInputError("voices_dir", f"{lib.directory} is not a directory")
     names = lib.names()
     if not names:
         print(f"no voices in {lib.directory}", file=out)
