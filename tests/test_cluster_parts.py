@@ -21,11 +21,14 @@ def test_fixed_replicas_take_their_slots_and_queue_not_rays_default_of_5():
     options = s.replica_options()
     assert options["num_replicas"] == 3
     assert options["max_ongoing_requests"] == 32
-    assert options["max_queued_requests"] == 24
+    # the gateway admits every replica's share and the queue; Ray's bound is the same
+    assert s.capacity == 3 * 32 + 24
+    assert options["max_queued_requests"] == s.capacity
     assert options["backpressure_config"] == {"status_code": 429, "retry_after_s": RETRY_AFTER_S}
     assert "autoscaling_config" not in options
-    # the gateway never becomes the bottleneck: it holds everything the replicas take
-    assert s.gateway_options()["max_ongoing_requests"] > 3 * 32 + 24
+    # requests past the capacity reach the gateway, which refuses them itself
+    assert s.gateway_options()["max_ongoing_requests"] > s.capacity
+    assert Scaling(replicas=2, max_sequences=4, max_queue=4, max_queued=0).capacity == 16
 
 
 def test_autoscaling_maps_to_rays_autoscaling_config():

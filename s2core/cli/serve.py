@@ -46,9 +46,14 @@ def add_arguments(p: Any) -> None:
                         "4096)")
     p.add_argument("--grace", type=float, default=30.0,
                    help="seconds running requests may take to finish after SIGTERM")
+    from s2core.cli.serve_replicas import add_replica_arguments
+    add_replica_arguments(p)
 
 
 def run_command(args: Any) -> int:
+    from s2core.cli.serve_replicas import run_replicated, wants_replicas
+    if wants_replicas(args):
+        return run_replicated(args, api_key=args.api_key or os.environ.get(ENV_API_KEY) or None)
     try:
         import uvicorn
         from s2core.http.app import create_app

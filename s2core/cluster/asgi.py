@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 Message = dict[str, Any]
 ASGIApp = Callable[[dict, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
@@ -33,7 +34,7 @@ class HttpRequest:
     http_version: str = "1.1"
 
     @classmethod
-    def from_scope(cls, scope: dict, body: bytes) -> "HttpRequest":
+    def from_scope(cls, scope: dict, body: bytes) -> HttpRequest:
         return cls(scope["method"], scope["path"], scope.get("query_string", b""),
                    [(bytes(k), bytes(v)) for k, v in scope.get("headers", [])], body,
                    tuple(scope["client"]) if scope.get("client") else None,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from s2core.cluster.scaling import Scaling
 

@@ -25,8 +25,9 @@ import json
 import logging
 import os
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from ray import serve
 from ray.exceptions import RayActorError
@@ -36,7 +37,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from s2core.cluster.asgi import HttpRequest, Message, respond
 from s2core.cluster.routing import voice_key
-from s2core.cluster.scaling import Scaling
+from s2core.cluster.scaling import RETRY_AFTER_S, Scaling
 from s2core.errors import S2CoreError
 
 log = logging.getLogger("s2core.cluster")
@@ -44,7 +45,8 @@ log = logging.getLogger("s2core.cluster")
 #: a request's body, read whole by the gateway (an upload's recording is the largest)
 MAX_BODY_BYTES = 64 << 20
 #: replicas a request is tried on when the one it went to died before answering
-ATTEMPTS = 3
+ATTEMPTS = 4
+RETRY_PAUSE_S = 0.25
 #: voice prefixes a replica keeps loaded (Ray's multiplexing drops the least recently used)
 VOICES_PER_REPLICA = 8
 #: the failures that mean "that replica is gone", not "the request is bad"
@@ -76,7 +78,7 @@ class Replica:
         self.voice_computes: Counter[str] = Counter()
 
     @serve.multiplexed(max_num_models_per_replica=VOICES_PER_REPLICA)
-    async def hold_voice(self, voice: str) -> "_HeldVoice":
+    async def hold_voice(self, voice: str) -> _HeldVoice:
         """Load a voice's prefix into this replica (from the shared store, or computed and
         stored there); Ray's multiplexing keeps the most recently used ones and routes the
         voice's requests here meanwhile."""
@@ -124,11 +126,36 @@ class _HeldVoice:
 class Gateway:
     """Every request enters here: read it, route it by voice, stream the replica's answer."""
 
-    def __init__(self, replicas: Any, max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, replicas: Any, capacity: int, max_body_bytes: int = MAX_BODY_BYTES):
         self.replicas = replicas
+        self.capacity = capacity
         self.max_body_bytes = max_body_bytes
+        self.admitted = 0   # requests between admission and their response's end
 
     async def __call__(self, request: Request) -> Response:
+        if self.admitted >= self.capacity:
+            return _error(429, f"every replica is full and {self.admitted} requests are "
+                          f"admitted (the cluster takes {self.capacity}); try again",
+                          "queue_full", {"Retry-After": f"{RETRY_AFTER_S:g}"})
+        self.admitted += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.admitted -= 1
+
+        try:
+            response = await self._answer(request, release)
+        except BaseException:
+            release()
+            raise
+        if not isinstance(response, StreamingResponse):
+            release()
+        return response
+
+    async def _answer(self, request: Request, release: Any) -> Response:
         body = await self._body(request)
         if body is None:
             return _error(413, f"the request body is larger than {self.max_body_bytes} "
@@ -148,8 +175,9 @@ class Gateway:
             except REPLICA_LOST as exc:
                 log.warning("%s %s: the replica was lost before answering (attempt %d of "
                             "%d): %s", forwarded.method, forwarded.path, attempt, ATTEMPTS, exc)
+                await asyncio.sleep(RETRY_PAUSE_S * attempt)  # Ray learns the replica died
                 continue
-            return _streamed(start, first, messages, forwarded)
+            return _streamed(start, first, messages, forwarded, release)
         return _error(503, f"no replica could answer after {ATTEMPTS} attempts (replicas "
                       "were lost); try again", "replica_lost", {"Retry-After": "1"})
 
@@ -167,8 +195,8 @@ class Gateway:
         return b"".join(pieces)
 
 
-def _streamed(start: Message, first: Message, messages: Any, request: HttpRequest
-              ) -> Response:
+def _streamed(start: Message, first: Message, messages: Any, request: HttpRequest,
+              release: Any) -> Response:
     """The replica's response: its status and headers, then its body as it comes."""
     headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
     content_type = next((v.decode("latin-1") for k, v in headers
@@ -192,12 +220,29 @@ def _streamed(start: Message, first: Message, messages: Any, request: HttpReques
                 yield _sse_error(f"the replica serving this request was lost: {exc}")
                 return
             raise  # an audio body is cut: the client's read fails, it never hangs
-        finally:
-            messages.cancel()  # the client left early: the replica cancels the request
 
-    response = StreamingResponse(body(), status_code=start["status"])
+    def closed() -> None:
+        messages.cancel()  # a client that left early: the replica cancels its request
+        release()
+
+    response = _Relay(body(), status_code=start["status"], on_close=closed)
     response.raw_headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
     return response
+
+
+class _Relay(StreamingResponse):
+    """A streamed response that calls `on_close` however it ends (finished, failed, or its
+    client gone before the first byte)."""
+
+    def __init__(self, content: Any, status_code: int, on_close: Any):
+        super().__init__(content, status_code=status_code)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
 
 
 def _sse_error(message: str) -> bytes:
@@ -214,7 +259,7 @@ def build(engine_options: dict[str, Any], scaling: Scaling,
                                 **scaling.replica_options())
     gateway = serve.deployment(Gateway, name="s2core-gateway", **scaling.gateway_options(),
                                ray_actor_options={"num_cpus": 0})
-    return gateway.bind(replicas.bind(engine_options, app_options or {}))
+    return gateway.bind(replicas.bind(engine_options, app_options or {}), scaling.capacity)
 
 
 #: `serve run s2core.cluster.ray_app:app key=value ...`: the keys of `s2core serve`

@@ -3,9 +3,12 @@
 
 A replica runs one continuous-batching Server: `max_sequences` requests decode together and
 up to `max_queue` wait for a slot. Ray sends a replica at most that many at once
-(`max_ongoing_requests`, whose default of 5 would leave most of a large batch idle); past
-that, requests wait in the gateway's handle, at most `max_queued` of them, and the next is
-answered 429 with Retry-After, as the single-process server answers a full queue.
+(`max_ongoing_requests`, whose default of 5 would leave most of a large batch idle). The
+gateway admits at most `capacity` requests at once: what every replica takes plus `max_queued`
+waiting for one (default `max_queue`); the next is answered 429 with Retry-After at once, as
+the single-process server answers a full queue. The gateway counts them itself because Ray's
+own bound (`max_queued_requests`) counts a burst's requests while they are being routed and
+refuses some of a burst that would fit; it is kept as the bound for any other handle.
 """
 
 from __future__ import annotations
@@ -81,12 +84,18 @@ class Scaling:
     def most_replicas(self) -> int:
         return self.max_replicas if self.autoscaled else self.replicas
 
+    @property
+    def capacity(self) -> int:
+        """Requests the gateway admits at once: every replica full, and the queue."""
+        queued = self.max_queue if self.max_queued is None else self.max_queued
+        return self.most_replicas * self.max_ongoing + queued
+
     def replica_options(self) -> dict[str, Any]:
         """Ray Serve's options of the deployment that runs the model."""
         options: dict[str, Any] = {
             "max_ongoing_requests": self.max_ongoing,
-            # a full replica set answers at once rather than queueing without bound
-            "max_queued_requests": self.max_queue if self.max_queued is None else self.max_queued,
+            # the gateway keeps below this; another handle gets Ray's 429 past it
+            "max_queued_requests": self.capacity,
             "backpressure_config": {"status_code": 429, "retry_after_s": RETRY_AFTER_S},
         }
         if self.autoscaled:
@@ -102,6 +111,6 @@ class Scaling:
         return options
 
     def gateway_options(self) -> dict[str, Any]:
-        """The gateway holds each request while a replica serves it: it never limits them."""
-        return {"max_ongoing_requests": self.most_replicas * self.max_ongoing
-                + self.replica_options()["max_queued_requests"] + 1}
+        """The gateway holds each request while a replica serves it and refuses those past
+        `capacity` itself: Ray lets through more than that, so they reach it to be refused."""
+        return {"max_ongoing_requests": 2 * self.capacity + 16}
