@@ -16,19 +16,21 @@ from s2core.errors import InvalidInputError
 
 
 # ---------------------------------------------------------------------- scaling
-def test_fixed_replicas_take_their_slots_and_queue_not_rays_default_of_5():
+def test_a_replica_takes_its_slots_not_rays_default_of_5_and_the_queue_waits_in_front():
     s = Scaling(replicas=3, max_sequences=8, max_queue=24)
     options = s.replica_options()
     assert options["num_replicas"] == 3
-    assert options["max_ongoing_requests"] == 32
-    # the gateway admits every replica's share and the queue; Ray's bound is the same
-    assert s.capacity == 3 * 32 + 24
+    assert options["max_ongoing_requests"] == 8
+    # the engine's queue only bridges a step between Ray's count and the engine's
+    assert s.engine_queue == 8
+    # the gateway admits every replica's slots and the queue; Ray's bound is the same
+    assert s.capacity == 3 * 8 + 24
     assert options["max_queued_requests"] == s.capacity
     assert options["backpressure_config"] == {"status_code": 429, "retry_after_s": RETRY_AFTER_S}
     assert "autoscaling_config" not in options
     # requests past the capacity reach the gateway, which refuses them itself
     assert s.gateway_options()["max_ongoing_requests"] > s.capacity
-    assert Scaling(replicas=2, max_sequences=4, max_queue=4, max_queued=0).capacity == 16
+    assert Scaling(replicas=2, max_sequences=4, max_queue=0).capacity == 8
 
 
 def test_autoscaling_maps_to_rays_autoscaling_config():
@@ -53,7 +55,6 @@ def test_autoscaling_maps_to_rays_autoscaling_config():
      "target_ongoing"),
     ({"max_sequences": 0}, "max_sequences"),
     ({"max_queue": -1}, "max_queue"),
-    ({"max_queued": -1}, "max_queued"),
 ])
 def test_scaling_refuses_what_ray_would_refuse_later(kwargs, check):
     with pytest.raises(InvalidInputError) as info:
@@ -173,3 +174,34 @@ def test_a_request_crosses_processes_as_plain_data():
     again = pickle.loads(pickle.dumps(request))
     assert again == request and again.header("Content-Type") == "application/json"
     assert again.scope()["query_string"] == b"a=1"
+
+
+# ---------------------------------------------------------------------- the command
+@pytest.mark.parametrize("argv, check", [
+    (["--replicas", "0", "--max-sequences", "2"], "replicas"),
+    (["--replicas", "2", "--max-sequences", "0"], "max_sequences"),
+    (["--replicas", "2", "--min-replicas", "1", "--max-replicas", "3"], "replicas"),
+    (["--min-replicas", "1"], "autoscaling"),
+    (["--min-replicas", "3", "--max-replicas", "2"], "autoscaling"),
+    (["--replicas", "2", "--target-ongoing-requests", "2"], "target_ongoing"),
+    (["--replicas", "2", "--max-sequences", "2", "--max-queue", "-1"], "max_queue"),
+])
+def test_serve_replicas_refuses_bad_options_before_starting_ray(argv, check, capsys):
+    from s2core.cli.main import main
+    assert main(["serve", *argv]) == 2
+    assert f"[{check}]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, check", [
+    ({"replicas": "0"}, "replicas"),
+    ({"min_replicas": "2", "max_replicas": "1"}, "autoscaling"),
+    ({"max_sequences": "0"}, "max_sequences"),
+    ({"modell": "x.gguf"}, "app_args"),
+    ({"replicas": "two"}, "replicas"),
+])
+def test_the_serve_run_builder_refuses_bad_args(args, check):
+    pytest.importorskip("ray", reason="Ray is not installed (the ray extra)")
+    from s2core.cluster.ray_app import app
+    with pytest.raises(InvalidInputError) as info:
+        app(args)
+    assert info.value.check == check

@@ -13,7 +13,8 @@ def add_replica_arguments(p: Any) -> None:
     g = p.add_argument_group("replicas (Ray Serve; the ray extra)")
     g.add_argument("--replicas", type=int, default=None, metavar="N",
                    help="serve from N Ray Serve replicas, each with the model and its own "
-                        "batch; requests in one voice go to a replica that holds its prefix")
+                        "batch of --max-sequences; requests in one voice go to a replica that "
+                        "holds its prefix; --max-queue requests wait for a free slot on any")
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="join this Ray cluster (`auto`: the one this machine is in; default: "
                         "start a local Ray instance)")
@@ -23,9 +24,6 @@ def add_replica_arguments(p: Any) -> None:
                    help="autoscale: the most replicas")
     g.add_argument("--target-ongoing-requests", type=float, default=None,
                    help="autoscale: requests per replica to aim at (default: its slots)")
-    g.add_argument("--max-queued", type=int, default=None,
-                   help="requests that may wait for a free replica before the next gets 429 "
-                        "(default: --max-queue)")
 
 
 def wants_replicas(args: Any) -> bool:
@@ -48,15 +46,16 @@ def run_replicated(args: Any, api_key: str | None) -> int:
     if args.model is not None and args.tokenizer is None:
         raise InvalidInputError("tokenizer", "a model file needs --tokenizer tokenizer.json")
     autoscaled = args.min_replicas is not None or args.max_replicas is not None
-    scaling = Scaling(replicas=None if autoscaled else (args.replicas or 1),
-                      min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                      target_ongoing=args.target_ongoing_requests,
-                      max_sequences=args.max_sequences or _backend_batch(args.backend,
-                                                                         args.model),
-                      max_queue=args.max_queue, max_queued=args.max_queued)
     if autoscaled and args.replicas is not None:
         raise InvalidInputError("replicas", "give --replicas or --min-replicas/--max-replicas, "
                                 "not both")
+    scaling = Scaling(replicas=None if autoscaled else (1 if args.replicas is None
+                                                        else args.replicas),
+                      min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                      target_ongoing=args.target_ongoing_requests,
+                      max_sequences=(_backend_batch(args.backend, args.model)
+                                     if args.max_sequences is None else args.max_sequences),
+                      max_queue=args.max_queue)
     options = engine_options(args.model, args.tokenizer, args.voices_dir, args.backend,
                              args.codec_backend, scaling)
     options["slot_positions"] = args.slot_positions

@@ -14,8 +14,8 @@ directory every replica reads (a voice uploaded through one replica is usable on
 Faults: a replica that dies before the first byte of its response reached the gateway costs
 nothing: the gateway sends the request to another replica. One that dies while streaming ends
 that response with an error: an SSE `speech.audio.error` event, or (audio bodies) a cut
-response, logged. When every replica is full and `max_queued` requests wait, the next is
-answered 429 with Retry-After. Ray restarts a dead replica.
+response, logged. When every replica's slots are busy and `max_queue` requests wait, the
+next is answered 429 with Retry-After. Ray restarts a dead replica.
 """
 
 from __future__ import annotations
@@ -264,29 +264,32 @@ def build(engine_options: dict[str, Any], scaling: Scaling,
 
 #: `serve run s2core.cluster.ray_app:app key=value ...`: the keys of `s2core serve`
 APP_KEYS = {"model", "tokenizer", "voices_dir", "backend", "codec_backend", "max_sequences",
-            "max_queue", "replicas", "min_replicas", "max_replicas", "target_ongoing_requests",
-            "max_queued"}
+            "max_queue", "replicas", "min_replicas", "max_replicas", "target_ongoing_requests"}
 
 
 def app(args: dict[str, str]) -> Any:
     """The application builder for Ray's tooling (`serve run`, a Serve config's
     import_path): `args` are strings, as `serve run` passes them."""
+    from s2core.errors import InvalidInputError
     unknown = set(args) - APP_KEYS
     if unknown:
-        from s2core.errors import InvalidInputError
         raise InvalidInputError("app_args", f"unknown key(s) {sorted(unknown)}; known: "
                                 f"{sorted(APP_KEYS)}")
 
-    def number(key: str, kind: type = int) -> Any:
-        return None if args.get(key) in (None, "") else kind(args[key])
+    def number(key: str, default: Any = None, kind: type = int) -> Any:
+        if args.get(key) in (None, ""):
+            return default
+        try:
+            return kind(args[key])
+        except (TypeError, ValueError):
+            raise InvalidInputError(key, f"{key} must be a number, got {args[key]!r}") from None
 
     autoscaled = "min_replicas" in args or "max_replicas" in args
-    scaling = Scaling(replicas=None if autoscaled else number("replicas") or 1,
+    scaling = Scaling(replicas=None if autoscaled else number("replicas", 1),
                       min_replicas=number("min_replicas"), max_replicas=number("max_replicas"),
-                      target_ongoing=number("target_ongoing_requests", float),
-                      max_sequences=number("max_sequences") or 4,
-                      max_queue=16 if number("max_queue") is None else number("max_queue"),
-                      max_queued=number("max_queued"))
+                      target_ongoing=number("target_ongoing_requests", kind=float),
+                      max_sequences=number("max_sequences", 4),
+                      max_queue=number("max_queue", 16))
     return build(engine_options(args.get("model"), args.get("tokenizer"),
                                 args.get("voices_dir"), args.get("backend"),
                                 args.get("codec_backend"), scaling), scaling)
@@ -311,4 +314,4 @@ def engine_options(model: str | None, tokenizer: str | None, voices_dir: str | N
                 for k, v in (("model", model), ("tokenizer", tokenizer),
                              ("voices_dir", voices_dir))}
     return {**absolute, "backend": backend, "codec_backend": codec_backend,
-            "max_sequences": scaling.max_sequences, "max_queue": scaling.max_queue}
+            "max_sequences": scaling.max_sequences, "max_queue": scaling.engine_queue}

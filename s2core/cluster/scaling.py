@@ -1,14 +1,17 @@
 """How many replicas serve the model and how many requests each takes: the options of
 `s2core serve --replicas ...` as Ray Serve's deployment options.
 
-A replica runs one continuous-batching Server: `max_sequences` requests decode together and
-up to `max_queue` wait for a slot. Ray sends a replica at most that many at once
-(`max_ongoing_requests`, whose default of 5 would leave most of a large batch idle). The
-gateway admits at most `capacity` requests at once: what every replica takes plus `max_queued`
-waiting for one (default `max_queue`); the next is answered 429 with Retry-After at once, as
-the single-process server answers a full queue. The gateway counts them itself because Ray's
-own bound (`max_queued_requests`) counts a burst's requests while they are being routed and
-refuses some of a burst that would fit; it is kept as the bound for any other handle.
+A replica runs one continuous-batching Server of `max_sequences` slots, and Ray sends it at
+most that many requests at once (`max_ongoing_requests`; Ray's default of 5 would leave part
+of a larger batch idle, or queue behind a smaller one). The requests that wait do so in front
+of the replicas, not in one replica's queue: a waiting request goes to whichever replica
+frees a slot first, and a replica "has room" for a voice's request, in the voice routing,
+when it has a free slot, not a free place in its queue (else one voice's requests would pile
+up on one replica while another idles). `max_queue` bounds them as in the single-process
+server: the gateway admits `capacity` = every replica's slots + `max_queue` requests at once
+and answers the next 429 with Retry-After at once. The gateway counts them itself because
+Ray's own bound (`max_queued_requests`) counts a burst's requests while they are being routed
+and refuses part of a burst that fits; it is kept, at the same figure, for any other handle.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ class Scaling:
     target_ongoing: float | None = None
     max_sequences: int = 4
     max_queue: int = 16
-    max_queued: int | None = None   # None: max_queue per replica
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, allow_zero: bool = False) -> None:
@@ -68,8 +70,6 @@ class Scaling:
                                     f"{self.target_ongoing!r}")
         positive("max_sequences", self.max_sequences)
         positive("max_queue", self.max_queue, allow_zero=True)
-        if self.max_queued is not None:
-            positive("max_queued", self.max_queued, allow_zero=True)
 
     @property
     def autoscaled(self) -> bool:
@@ -77,8 +77,15 @@ class Scaling:
 
     @property
     def max_ongoing(self) -> int:
-        """Requests one replica takes at once: its slots and its queue."""
-        return self.max_sequences + self.max_queue
+        """Requests one replica takes at once: its slots."""
+        return self.max_sequences
+
+    @property
+    def engine_queue(self) -> int:
+        """The queue of a replica's engine: only for a request that arrives while the one
+        whose slot it takes is still leaving (Ray counts a request done when its response
+        ends, the engine a step later)."""
+        return self.max_sequences
 
     @property
     def most_replicas(self) -> int:
@@ -86,9 +93,8 @@ class Scaling:
 
     @property
     def capacity(self) -> int:
-        """Requests the gateway admits at once: every replica full, and the queue."""
-        queued = self.max_queue if self.max_queued is None else self.max_queued
-        return self.most_replicas * self.max_ongoing + queued
+        """Requests the gateway admits at once: every replica's slots, and the queue."""
+        return self.most_replicas * self.max_ongoing + self.max_queue
 
     def replica_options(self) -> dict[str, Any]:
         """Ray Serve's options of the deployment that runs the model."""

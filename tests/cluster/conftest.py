@@ -71,7 +71,7 @@ def cluster(ray_instance, tmp_path_factory):
 
     voices = tmp_path_factory.mktemp("shared-voices")
     port = free_port()
-    scaling = Scaling(replicas=2, max_sequences=4, max_queue=4)  # admits 2 x 8 + 4 = 20
+    scaling = Scaling(replicas=2, max_sequences=4, max_queue=8)  # admits 2 x 4 + 8 = 16
     options = engine_options(None, None, str(voices), "numpy", None, scaling)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build(options, scaling), name=APP, route_prefix="/")
