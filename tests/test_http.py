@@ -22,6 +22,7 @@ from http_helpers import make_engine, speak_pcm, wav_frames  # noqa: E402
 
 from s2core.http.app import create_app  # noqa: E402
 from s2core.http.local import local_server  # noqa: E402
+from s2core.http.synthesis import Limits  # noqa: E402
 
 TEXT = "Hello there, from the server."
 FRAMES = 12
@@ -283,7 +284,8 @@ def small(assets, tmp_path_factory):
     """One sequence at a time, one waiting, and an API key."""
     engine = make_engine(assets, tmp_path_factory.mktemp("voices-small"), max_sequences=1,
                          max_queue=1)
-    with local_server(create_app(engine, api_key="s3cret")) as url:
+    limits = Limits(max_upload_bytes=200_000, max_reference_seconds=1.0)
+    with local_server(create_app(engine, api_key="s3cret", limits=limits)) as url:
         yield url
 
 
@@ -315,3 +317,37 @@ def test_api_key(small):
     assert httpx.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
     assert httpx.get(f"{small}/metrics").status_code == 401
     assert httpx.get(f"{small}/health").status_code == 200  # health checks need no key
+
+
+def test_upload_limits(small, recording):
+    auth = {"Authorization": "Bearer s3cret"}
+    data = recording.read_bytes()  # espeak's "This is my voice.": more than a second
+    r = httpx.post(f"{small}/v1/audio/voices", headers=auth, data={
+        "name": "long", "ref_text": "This is my voice."},
+        files={"audio": ("ref.wav", data, "audio/wav")}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "audio", r.text
+    assert r.json()["error"]["code"] == "too_long"
+    big = data + b"\0" * 200_000
+    r = httpx.post(f"{small}/v1/audio/voices", headers=auth, data={
+        "name": "big", "ref_text": "x"}, files={"audio": ("ref.wav", big, "audio/wav")},
+        timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["param"] == "audio", r.text
+    r = httpx.post(f"{small}/v1/audio/speech", headers={
+        **auth, "content-type": "application/json"}, content=b"{" + b" " * 2_000_000 + b"}")
+    assert r.status_code == 413 and r.json()["error"]["param"] == "body"
+    r = httpx.post(f"{small}/v1/audio/voices", headers=auth, data={
+        "name": "../up", "ref_text": "x"}, files={"audio": ("ref.wav", data, "audio/wav")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "name"
+
+
+def test_flac_is_the_same_audio_and_sample_rate_resamples(base):
+    soundfile = pytest.importorskip("soundfile")
+    import io
+    pcm = np.frombuffer(speech(base).content, "<i2")
+    r = speech(base, response_format="flac")
+    assert r.status_code == 200 and r.headers["x-audio-encoding"] == "flac"
+    flac, rate = soundfile.read(io.BytesIO(r.content), dtype="int16")
+    assert rate == 44100 and np.array_equal(flac, pcm)  # lossless
+    r = speech(base, sample_rate=24000)
+    assert r.headers["x-audio-sample-rate"] == "24000"
+    assert abs(len(r.content) // 2 - round(len(pcm) * 24000 / 44100)) <= 2
