@@ -127,8 +127,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                     "first_audio_s": firsts}
 
         with local_server(create_app(engine)) as base:
+            t = time.perf_counter()
             over_http(base, 1)  # warm-up: kernels, the codec, the server
             in_process(1, audio=True)
+            print(f"      warm-up {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
             runs: dict[int, list[dict[str, Any]]] = {n: [] for n in spec["clients"]}
             started = time.perf_counter()
             for k in range(spec["rounds"]):
@@ -137,9 +139,15 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                     break
                 sizes = list(spec["clients"])
                 for n in sizes[k % len(sizes):] + sizes[:k % len(sizes)]:
-                    runs[n].append({"codes": in_process(n, audio=False),
-                                    "audio": in_process(n, audio=True),
-                                    "http": over_http(base, n)})
+                    row = {}
+                    for path, run in (("codes", lambda: in_process(n, audio=False)),
+                                      ("audio", lambda: in_process(n, audio=True)),
+                                      ("http", lambda: over_http(base, n))):
+                        row[path] = run()
+                        print(f"      round {k + 1}, N={n}, {path}: "
+                              f"{row[path]['frames_per_s']:.2f} frames/s", file=sys.stderr,
+                              flush=True)
+                    runs[n].append(row)
         for n, rows in runs.items():
             if not rows:
                 continue
@@ -170,8 +178,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the parent
-def run_http_benchmark(cfg, say: Callable[[str], None], frames: int = 8,
-                       rounds: int = 2) -> dict[str, Any]:
+def run_http_benchmark(cfg, say: Callable[[str], None], frames: int = 6,
+                       rounds: int = 1) -> dict[str, Any]:
     from s2core.benchmarking import machine
     from s2core.benchmarking.models import prepare_model
     from s2core.benchmarking.runner import child_env, select_backends
