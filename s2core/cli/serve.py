@@ -8,6 +8,7 @@ Ctrl-C) stops taking requests, lets the running ones finish for --grace seconds,
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any
 
@@ -82,6 +83,9 @@ def run_command(args: Any) -> int:
           f"({caps.device}), {engine.max_sequences} sequences at a time, voices in "
           f"{engine.library.directory}; http://{args.host}:{args.port}/"
           + (" (API key required)" if api_key else ""), file=sys.stderr, flush=True)
+    # uvicorn drains on SIGTERM, then raises the signal again under the handler it found:
+    # with this one the drained server exits 0 instead of dying by the signal
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info",
                 timeout_graceful_shutdown=args.grace)
     return 0

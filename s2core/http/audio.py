@@ -91,7 +91,8 @@ class Encoder:
         import soundfile
         fmt, subtype = _SOUNDFILE[self.fmt]
         out = io.BytesIO()
-        soundfile.write(out, audio, self.rate_out, format=fmt, subtype=subtype)
+        # the 16-bit samples wav and pcm send (libsndfile would scale floats its own way)
+        soundfile.write(out, to_pcm16(audio), self.rate_out, format=fmt, subtype=subtype)
         return out.getvalue()
 
     def _resample(self, audio: np.ndarray, last: bool) -> np.ndarray:

@@ -8,6 +8,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from s2core.http.errors import APIError
+from s2core.http.guard import BodyTooLarge
 
 
 async def read_form(request: Request) -> Any:
@@ -17,7 +18,7 @@ async def read_form(request: Request) -> Any:
                        "multipart/form-data", "content-type", "unsupported_media_type")
     try:
         return await request.form(max_files=2, max_fields=32)
-    except APIError:
+    except (APIError, BodyTooLarge):
         raise
     except Exception as exc:  # python-multipart's parse errors have no common type
         raise APIError(400, f"the form does not parse ({exc})", "body", "invalid_form") from exc

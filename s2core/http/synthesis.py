@@ -147,6 +147,17 @@ def _config(engine: Engine, v: SpeechValues) -> GenerationConfig:
         if isinstance(value, bool) or not isinstance(value, kind):
             raise APIError(400, f"{v.name(key)} must be a number, got {value!r}", v.name(key),
                            "invalid_type")
+    # s2.cpp reads a negative temperature as greedy and clamps top_p: over HTTP such values
+    # are more likely a client's mistake than a wish, so they are refused
+    for key, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0),
+                           ("top_k", 0, None), ("seed", 0, 2 ** 63 - 1)):
+        value = given.get(key)
+        if value is not None and (value < low or (high is not None and value > high)
+                                  or (key == "top_p" and value == 0)):
+            span = f"({low}, {high}]" if key == "top_p" else (
+                f"[{low}, {high}]" if high is not None else f">= {low}")
+            raise APIError(400, f"{v.name(key)} must be in {span}, got {value!r}", v.name(key),
+                           "out_of_range")
     if v.max_new_tokens is not None:
         ctx = engine.hparams.context_length
         m = v.max_new_tokens
