@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 from s2core.benchmarking.bandwidth import measure_bandwidth  # noqa: E402
-from s2core.testing.blocks import random_blocks  # noqa: E402
+from s2core.kit.blocks import random_blocks  # noqa: E402
 from s2core_numpy.quants import QuantMatrix  # noqa: E402
 
 WIDTH = 2560

@@ -7,9 +7,10 @@ here and from `s2core.errors`, plus `s2core.kit` in their tests; everything else
 move between releases. docs/contract.md describes each name.
 
 - The Slow-AR contract: `Backend`, `Capabilities`, `EvalBatch`, `check_option`.
-- Registration: `hookimpl`, `BackendSpec`, `Probe`, `Option`.
-- The model file: `ModelFile`, `Hparams`, `FastHparams`, `StackShape`, and the layout helpers
-  `load_block` / `load_fast_ar` that name a block's tensors.
+- Registration: `hookimpl`, `BackendSpec`, `Probe`, `Option`, and `ENTRY_POINT_GROUP` (the
+  entry-point group a plugin's package declares).
+- The model file: `ModelFile`, `Hparams`, `FastHparams`, `StackShape`, the block record
+  `BlockWeights` and the layout helpers `load_block` / `load_fast_ar` that fill it.
 - Quantized blocks: `block_shape`, `QUANTIZED_TYPES`, `non_finite_scale_blocks`,
   `NonFiniteScalesWarning`.
 - The codec contract: `CodecBackend`, `CodecCapabilities`, `CodecFile`, its layout records
@@ -27,19 +28,20 @@ from s2core.codec.streaming import DecodeState, HistoryPass
 from s2core.contract.backend import Backend, Capabilities, check_option
 from s2core.contract.host import available_host_memory_bytes, host_memory_bytes
 from s2core.contract.inputs import EvalBatch
-from s2core.contract.plugin_spec import BackendSpec, Option, Probe, hookimpl
+from s2core.contract.plugin_spec import ENTRY_POINT_GROUP, BackendSpec, Option, Probe, hookimpl
 from s2core.errors import (BackendUnavailableError, CacheAllocationError, InvalidInputError,
                            S2CoreError)
 from s2core.gguf.blocks import (QUANTIZED_TYPES, NonFiniteScalesWarning, block_shape,
                                 non_finite_scale_blocks)
 from s2core.modelfile.file import ModelFile
 from s2core.modelfile.hparams import FastHparams, Hparams, StackShape
-from s2core.modelfile.layout import load_block, load_fast_ar
+from s2core.modelfile.layout import BlockWeights, load_block, load_fast_ar
 
 __all__ = [
     "Backend", "Capabilities", "EvalBatch", "check_option",
-    "hookimpl", "BackendSpec", "Probe", "Option",
-    "ModelFile", "Hparams", "FastHparams", "StackShape", "load_block", "load_fast_ar",
+    "hookimpl", "BackendSpec", "Probe", "Option", "ENTRY_POINT_GROUP",
+    "ModelFile", "Hparams", "FastHparams", "StackShape", "BlockWeights", "load_block",
+    "load_fast_ar",
     "block_shape", "QUANTIZED_TYPES", "non_finite_scale_blocks", "NonFiniteScalesWarning",
     "CodecBackend", "CodecCapabilities", "CodecFile", "Conv", "ConvTranspose", "ConvNeXt",
     "ResidualUnit", "Transformer", "DecodeState", "HistoryPass",

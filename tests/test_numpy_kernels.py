@@ -23,7 +23,7 @@ from s2core.runtime.memory import backend_kv_cache_bytes
 from s2core.kit.prompts import mixed_prompt, semantic_frame
 from s2core.embedded.writer import tiny_hparams, write_model
 from s2core_numpy import plugin, weights
-from s2core_numpy.backend import BlockWeights
+from s2core_numpy.layers import BlockWeights
 
 numba_only = pytest.mark.skipif(not plugin.numba_available(), reason="numba not installed")
 
@@ -144,7 +144,7 @@ def test_products_and_attention_on_the_workers_equal_a_float64_reference(n_rows)
     """A many-row call runs its float32 products (64 outputs an item) and its attention (one
     KV head an item) on the workers: the float64 results, up to float32 rounding."""
     from s2core_numpy import ops
-    from s2core_numpy.backend import attention
+    from s2core_numpy.layers import attention
     from s2core_numpy.tile_gemm import dense_gemm
     rng = np.random.default_rng(n_rows)
     w = rng.standard_normal((200, 96), dtype=np.float32)

@@ -12,7 +12,7 @@ import s2core
 from s2core.gguf.blocks import SCALE_FIELDS, NonFiniteScalesWarning, block_shape
 from s2core.embedded.writer import write_model
 from s2core.kit.models import CONFIGS, kit_model
-from s2core.testing.blocks import random_blocks, set_scale
+from s2core.kit.blocks import random_blocks, set_scale
 from s2core_numpy import plugin
 
 pytestmark = pytest.mark.skipif(not plugin.numba_available(), reason="numba not installed")

@@ -258,7 +258,8 @@ def test_fast_ar_frame_computes_each_position_once(model_f16):
         session = m._fast
         if state is None:
             state = session.state
-            assert state.k.shape == (hp.fast.n_layer, hp.fast.n_head_kv,
+            # one sequence: B = 1 of fast_ar.FastState's (B, n_layer, n_head_kv, ctx, d)
+            assert state.k.shape == (1, hp.fast.n_layer, hp.fast.n_head_kv,
                                      hp.fast.context_length, hp.fast.head_dim)
             assert state.k.dtype == torch.float32 and state.k.device.type == "cpu"
         assert session.state is state  # the same state, extended in place

@@ -30,7 +30,7 @@ from s2core.kit.conformance import BackendConformance, prompt_and_frames, rel_er
 from s2core.kit.models import MATRIX, kit_model, kit_reference  # noqa: E402
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance  # noqa: E402
 from s2core.runtime.memory import copied_weight_bytes, resident_weight_bytes  # noqa: E402
-from s2core.testing.blocks import random_blocks, set_scale  # noqa: E402
+from s2core.kit.blocks import random_blocks, set_scale  # noqa: E402
 from s2core_torch import dequant, plugin, quantized  # noqa: E402
 from s2core_torch.quantized import QuantizedMatrix  # noqa: E402
 

@@ -24,108 +24,21 @@ are numba kernels too (row_kernels.py); ops.py holds the NumPy forms.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import numpy as np
 
 from s2core.plugin import Backend, Capabilities, check_option
 from s2core.errors import InvalidInputError
 from s2core.plugin import ModelFile
-from s2core.plugin import StackShape
 from s2core.plugin import EvalBatch
-from s2core.plugin import load_block, load_fast_ar
+from s2core.plugin import load_block
 
 from . import ops
+from .fast_ar import FastDecoder, FastState
+from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, numpy_capabilities
-from .weights import Weight, WeightLoader, gather, linear, numba_kernels_possible
-
-
-@dataclass
-class BlockWeights:
-    """One transformer block's tensors, PyTorch order [out, in]; matrices float32 or kept
-    as stored (tiled.TiledMatrix)."""
-
-    attn_norm: np.ndarray
-    ffn_norm: np.ndarray
-    wqkv: Weight
-    wo: Weight
-    w1: Weight
-    w3: Weight
-    w2: Weight
-    q_norm: np.ndarray | None
-    k_norm: np.ndarray | None
-
-    @classmethod
-    def load(cls, wl: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        return cls(**load_block(prefix, qk_norm, wl.matrix, wl.vector))
-
-
-def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
-                   sin: np.ndarray, on_workers: bool = False, row_ops: RowOps = NUMPY_OPS
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q (n, n_head, d) and k, v (n, n_head_kv, d), QK-normed and rotated."""
-    n = x.shape[0]
-    qkv = linear(row_ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv, on_workers)
-    q_size, kv_size = s.q_size, s.kv_size
-    q = qkv[:, :q_size].reshape(n, s.n_head, s.head_dim)
-    k = qkv[:, q_size:q_size + kv_size].reshape(n, s.n_head_kv, s.head_dim)
-    v = qkv[:, q_size + kv_size:].reshape(n, s.n_head_kv, s.head_dim)
-    if blk.q_norm is not None:
-        q = row_ops.rms_norm(q, blk.q_norm, s.eps)
-        k = row_ops.rms_norm(k, blk.k_norm, s.eps)
-    return row_ops.rope(q, cos, sin), row_ops.rope(k, cos, sin), v
-
-
-def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int, q_start: int,
-              scale: float, on_workers: bool, row_ops: RowOps) -> np.ndarray:
-    """row_ops.attention over cache positions 0..end-1; on_workers: one KV head (and its query
-    heads) per item."""
-    n, n_head, d = q.shape
-    n_kv = k_cache.shape[0]
-    if not on_workers or n == 1 or n_kv == 1:
-        return row_ops.attention(q, k_cache, v_cache, end, q_start, scale)
-    from .workers import share
-    k, v = k_cache[:, :end], v_cache[:, :end]
-    group = n_head // n_kv
-    out = np.empty((n, n_head * d), np.float32)
-
-    def kv_head(h: int) -> None:  # its columns: query heads h*group .. (h+1)*group - 1
-        out[:, h * group * d:(h + 1) * group * d] = ops.causal_attention(
-            q[:, h * group:(h + 1) * group], k[h:h + 1], v[h:h + 1], q_start, scale)
-
-    share(kv_head, n_kv)
-    return out
-
-
-def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
-              sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-              last_only: bool, round_f16: bool, on_workers: bool = False,
-              row_ops: RowOps = NUMPY_OPS) -> np.ndarray:
-    """One block over the rows x at positions start.. with the layer's cache (n_head_kv,
-    capacity, head_dim) float32. last_only: only the last row's output is needed.
-    on_workers: every product and the attention run on the workers (workers.py).
-    row_ops: the norms', the rotation's and the attention's code (ops.RowOps)."""
-    n = x.shape[0]
-    end = start + n
-    q, k, v = qkv_projection(x, blk, s, cos, sin, on_workers, row_ops)
-    k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
-    k_new[...] = k.transpose(1, 0, 2)  # unrounded: this call attends to its own K/V in f32
-    v_new[...] = v.transpose(1, 0, 2)
-    q_start = start
-    if last_only and n > 1:
-        # Only the last position reaches the output: skip the others' attention and FFN.
-        x, q, q_start = x[-1:], q[-1:], end - 1
-    attn = attention(q, k_cache, v_cache, end, q_start, s.attn_scale, on_workers, row_ops)
-    if round_f16:
-        # What later calls read: the values an F16 cache holds (n rows, not the history).
-        k_new[...] = k_new.astype(np.float16)
-        v_new[...] = v_new.astype(np.float16)
-    on_workers = on_workers and x.shape[0] > 1
-    h = x + linear(attn, blk.wo, on_workers)
-    f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
-    gate_up = ops.silu(linear(f, blk.w1, on_workers)) * linear(f, blk.w3, on_workers)
-    return h + linear(gate_up, blk.w2, on_workers)
+from .weights import WeightLoader, linear, numba_kernels_possible
 
 
 class NumpyBackend(Backend):
@@ -147,12 +60,12 @@ class NumpyBackend(Backend):
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels)
         self._numba = numba_kernels
         self.row_ops = self._row_ops(numba_kernels)
-        self._round_f16 = kv_cache_dtype == "f16"
+        self.round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
         wl = WeightLoader(model_file, numba_kernels)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
         self.norm = wl.vector("norm.weight")
-        self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)
+        self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, wl.matrix, wl.vector)
                        for i in range(hp.n_layer)]
         self.shape = hp.stack
         self.fast = None if hp.fast is None else FastDecoder(wl, self.row_ops)
@@ -200,13 +113,7 @@ class NumpyBackend(Backend):
 
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> np.ndarray:
-        x = gather(self.embeddings, batch.token_ids)
-        sem = np.flatnonzero(batch.semantic_mask)
-        if sem.size:
-            ids = batch.codebook_ids[sem]  # (n_sem, C): only semantic rows are decoded
-            rows = self.model_file.dequantize_rows("codebook_embeddings.weight", ids.reshape(-1))
-            x[sem] += rows.reshape(ids.shape[0], ids.shape[1], -1).sum(axis=1)
-        return x * batch.scale[:, None]
+        return embed(self.embeddings, self.model_file, batch)
 
     def _on_workers(self, n_rows: int) -> bool:
         """Whether a call of n_rows runs on the workers with BLAS held to one thread
@@ -232,7 +139,7 @@ class NumpyBackend(Backend):
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
             x = run_block(x, blk, s, cos, sin, self._k[i], self._v[i], batch.n_past,
-                          i == last, self._round_f16, on_workers, self.row_ops)
+                          i == last, self.round_f16, on_workers, self.row_ops)
         hidden = self.row_ops.rms_norm(x[-1], self.norm, s.eps)
         return hidden, linear(hidden[None], self.embeddings)[0]
 
@@ -273,12 +180,10 @@ class NumpyBackend(Backend):
         return logits
 
     def fast_begin_batch(self, hiddens: np.ndarray):
-        from .slots import fast_begin_batch
-        return fast_begin_batch(self.fast, np.asarray(hiddens, dtype=np.float32))
+        return self.fast.begin_batch(np.asarray(hiddens, dtype=np.float32))
 
     def fast_extend_batch(self, state, codes: np.ndarray):
-        from .slots import fast_extend_batch
-        return state, fast_extend_batch(self.fast, state, codes)
+        return state, self.fast.extend_batch(state, codes)
 
     # ---------------------------------------------------------------- Fast-AR
     def fast_decode(self, hidden: np.ndarray, prefix_codes: np.ndarray) -> np.ndarray:
@@ -294,56 +199,3 @@ class NumpyBackend(Backend):
     def fast_extend(self, state: "FastState", codes: np.ndarray
                     ) -> tuple["FastState", np.ndarray]:
         return state, self.fast.extend(state, codes)
-
-
-@dataclass
-class FastState:
-    """The Fast-AR positions of one frame so far: K/V (n_layer, n_head_kv, capacity, d)."""
-
-    k: np.ndarray
-    v: np.ndarray
-    n: int = 0
-
-
-class FastDecoder:
-    """The Fast-AR (SPEC 5). s2.cpp recomputes every position per call; here a frame's calls
-    append to K/V kept in a FastState, with the same numbers (float32 throughout)."""
-
-    def __init__(self, wl: WeightLoader, row_ops: RowOps = NUMPY_OPS):
-        f = wl.mf.hparams.fast
-        self.row_ops = row_ops
-        weights = load_fast_ar(f, wl.matrix, wl.vector,
-                               lambda prefix, qk: BlockWeights.load(wl, prefix, qk))
-        self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
-        self.shape = f.stack
-        self.capacity = f.context_length
-
-    def start(self, hidden: np.ndarray, codes: np.ndarray) -> tuple[FastState, np.ndarray]:
-        """Position 0, project_in(hidden) or hidden, and the codes after it, in one run: a
-        frame's first call (one code) multiplies two rows by each weight as it streams past
-        (the few-row kernels) instead of reading every weight twice."""
-        s = self.shape
-        shape = (len(self.layers), s.n_head_kv, self.capacity, s.head_dim)
-        state = FastState(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
-        first = hidden[None, :]
-        if self.project_in is not None:
-            first = linear(first, self.project_in)
-        if len(codes):
-            first = np.concatenate([first, self._embed(codes)])
-        return state, self._run(state, first)
-
-    def extend(self, state: FastState, codes: np.ndarray) -> np.ndarray:
-        return self._run(state, self._embed(codes))
-
-    def _embed(self, codes: np.ndarray) -> np.ndarray:
-        return gather(self.embeddings, np.asarray(codes, dtype=np.int64))
-
-    def _run(self, state: FastState, x: np.ndarray) -> np.ndarray:
-        s, start = self.shape, state.n
-        cos, sin = ops.rope_tables(np.arange(start, start + x.shape[0]), s.head_dim, s.rope_base)
-        last = len(self.layers) - 1
-        for i, blk in enumerate(self.layers):
-            x = run_block(x, blk, s, cos, sin, state.k[i], state.v[i], start, i == last, False,
-                          row_ops=self.row_ops)
-        state.n = start + len(cos)
-        return linear(self.row_ops.rms_norm(x[-1], self.norm, s.eps)[None], self.output)[0]

@@ -23,6 +23,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .fewrows import GROUP, few_rows
 from .stack import stack_tile
 from .tiled import TILE, TiledMatrix, n_tiles
 
@@ -130,6 +131,57 @@ def _gather_rows(codes, rows, out):
 
 
 # ---------------------------------------------------------------------------------- matrix
+# few-row kernels: rows in groups of four, and the two-row form (fewrows.py)
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def f16_rows(codes, x, out):
+    """out[r, t*TILE + j] = sum_i (w[t, i, j] * 2^112) * x[r, i]; x has a multiple of 4 rows.
+    `codes` is the F16 layout viewed as int16 (f16._widen)."""
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        a2 = stack_tile(np.float32)
+        a3 = stack_tile(np.float32)
+        for g in range(0, x.shape[0], GROUP):
+            a0[:] = 0.0
+            a1[:] = 0.0
+            a2[:] = 0.0
+            a3[:] = 0.0
+            for i in range(n_in):
+                x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
+                for j in range(TILE):
+                    wj = _widen(codes[t, i, j])
+                    a0[j] += wj * x0
+                    a1[j] += wj * x1
+                    a2[j] += wj * x2
+                    a3[j] += wj * x3
+            for j in range(TILE):
+                out[g, t * TILE + j] = a0[j]
+                out[g + 1, t * TILE + j] = a1[j]
+                out[g + 2, t * TILE + j] = a2[j]
+                out[g + 3, t * TILE + j] = a3[j]
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def f16_pair(codes, x, out):
+    """f16_rows for two rows (x (2, in)), each accumulated as there."""
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        a0[:] = 0.0
+        a1[:] = 0.0
+        for i in range(n_in):
+            x0, x1 = x[0, i], x[1, i]
+            for j in range(TILE):
+                wj = _widen(codes[t, i, j])
+                a0[j] += wj * x0
+                a1[j] += wj * x1
+        for j in range(TILE):
+            out[0, t * TILE + j] = a0[j]
+            out[1, t * TILE + j] = a1[j]
+
+
 class F16Matrix(TiledMatrix):
     """A [out, in] F16 matrix in the tiled layout. `m(x)` is x @ W^T for x (n, in)."""
 
@@ -148,7 +200,6 @@ class F16Matrix(TiledMatrix):
         _matvec_tiles(self.codes.view(np.int16), x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        from .fewrows import f16_pair, f16_rows, few_rows  # groups of four, two (fewrows.py)
         few_rows((f16_rows, f16_pair), (self.codes.view(np.int16),), x, out)
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:

@@ -24,7 +24,9 @@ Four 9728 x 2560 matrices in turn (read from memory, not L3), medians of 12, qui
 With the accumulators on the stack (same matrices, medians of 15, quiet): F16 1 / 2 / 4 / 8
 rows 1.52 / 1.26 / 1.86 / 2.25 ms, Q8_0 0.99 / 0.93 / 1.11 / 1.97 ms.
 
-Every kernel here and the one-row kernels (f16.py, q8_0.py) fuse each multiply with its add
+The kernels live beside their type's one-row kernels (f16.py: f16_rows, f16_pair; q8_0.py:
+q8_0_rows, q8_0_pair); this module groups the rows for them. Every few-row kernel and the
+one-row kernels fuse each multiply with its add
 (fastmath "contract": one rounding instead of two; sums are not reordered). With separate
 multiplies and adds, eight rows were bound by the arithmetic: measured alternated, 8 rows
 1.96-2.15 -> 1.58-1.73 ms (F16), 1.50-2.03 -> 1.26-1.54 ms (Q8_0); one row unchanged within
@@ -39,138 +41,9 @@ sequence gets the numbers it gets alone.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
-
-from .f16 import _widen
-from .q8_0 import BLOCK
-from .stack import stack_tile
-from .tiled import TILE
 
 #: rows computed together from each widened weight
 GROUP = 4
-
-
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def f16_rows(codes, x, out):
-    """out[r, t*TILE + j] = sum_i (w[t, i, j] * 2^112) * x[r, i]; x has a multiple of 4 rows.
-    `codes` is the F16 layout viewed as int16 (f16._widen)."""
-    n_tiles, n_in, _ = codes.shape
-    for t in prange(n_tiles):
-        a0 = stack_tile(np.float32)
-        a1 = stack_tile(np.float32)
-        a2 = stack_tile(np.float32)
-        a3 = stack_tile(np.float32)
-        for g in range(0, x.shape[0], GROUP):
-            a0[:] = 0.0
-            a1[:] = 0.0
-            a2[:] = 0.0
-            a3[:] = 0.0
-            for i in range(n_in):
-                x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
-                for j in range(TILE):
-                    wj = _widen(codes[t, i, j])
-                    a0[j] += wj * x0
-                    a1[j] += wj * x1
-                    a2[j] += wj * x2
-                    a3[j] += wj * x3
-            for j in range(TILE):
-                out[g, t * TILE + j] = a0[j]
-                out[g + 1, t * TILE + j] = a1[j]
-                out[g + 2, t * TILE + j] = a2[j]
-                out[g + 3, t * TILE + j] = a3[j]
-
-
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def q8_0_rows(codes, scales, x, out):
-    """out[r, t*TILE + j] = sum over blocks of scale * (sum_i code[t, i, j] * x[r, i])."""
-    n_tiles, n_in, _ = codes.shape
-    for t in prange(n_tiles):
-        a0 = stack_tile(np.float32)
-        a1 = stack_tile(np.float32)
-        a2 = stack_tile(np.float32)
-        a3 = stack_tile(np.float32)
-        b0 = stack_tile(np.float32)
-        b1 = stack_tile(np.float32)
-        b2 = stack_tile(np.float32)
-        b3 = stack_tile(np.float32)
-        for g in range(0, x.shape[0], GROUP):
-            a0[:] = 0.0
-            a1[:] = 0.0
-            a2[:] = 0.0
-            a3[:] = 0.0
-            for b in range(n_in // BLOCK):
-                b0[:] = 0.0
-                b1[:] = 0.0
-                b2[:] = 0.0
-                b3[:] = 0.0
-                for i in range(b * BLOCK, (b + 1) * BLOCK):
-                    x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
-                    for j in range(TILE):
-                        c = np.float32(codes[t, i, j])
-                        b0[j] += c * x0
-                        b1[j] += c * x1
-                        b2[j] += c * x2
-                        b3[j] += c * x3
-                for j in range(TILE):
-                    s = scales[t, b, j]
-                    a0[j] += b0[j] * s
-                    a1[j] += b1[j] * s
-                    a2[j] += b2[j] * s
-                    a3[j] += b3[j] * s
-            for j in range(TILE):
-                out[g, t * TILE + j] = a0[j]
-                out[g + 1, t * TILE + j] = a1[j]
-                out[g + 2, t * TILE + j] = a2[j]
-                out[g + 3, t * TILE + j] = a3[j]
-
-
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def f16_pair(codes, x, out):
-    """f16_rows for two rows (x (2, in)), each accumulated as there."""
-    n_tiles, n_in, _ = codes.shape
-    for t in prange(n_tiles):
-        a0 = stack_tile(np.float32)
-        a1 = stack_tile(np.float32)
-        a0[:] = 0.0
-        a1[:] = 0.0
-        for i in range(n_in):
-            x0, x1 = x[0, i], x[1, i]
-            for j in range(TILE):
-                wj = _widen(codes[t, i, j])
-                a0[j] += wj * x0
-                a1[j] += wj * x1
-        for j in range(TILE):
-            out[0, t * TILE + j] = a0[j]
-            out[1, t * TILE + j] = a1[j]
-
-
-@njit(parallel=True, cache=True, fastmath={"contract"})
-def q8_0_pair(codes, scales, x, out):
-    """q8_0_rows for two rows (x (2, in)), each accumulated as there."""
-    n_tiles, n_in, _ = codes.shape
-    for t in prange(n_tiles):
-        a0 = stack_tile(np.float32)
-        a1 = stack_tile(np.float32)
-        b0 = stack_tile(np.float32)
-        b1 = stack_tile(np.float32)
-        a0[:] = 0.0
-        a1[:] = 0.0
-        for b in range(n_in // BLOCK):
-            b0[:] = 0.0
-            b1[:] = 0.0
-            for i in range(b * BLOCK, (b + 1) * BLOCK):
-                x0, x1 = x[0, i], x[1, i]
-                for j in range(TILE):
-                    c = np.float32(codes[t, i, j])
-                    b0[j] += c * x0
-                    b1[j] += c * x1
-            for j in range(TILE):
-                s = scales[t, b, j]
-                a0[j] += b0[j] * s
-                a1[j] += b1[j] * s
-        for j in range(TILE):
-            out[0, t * TILE + j] = a0[j]
-            out[1, t * TILE + j] = a1[j]
 
 
 def few_rows(kernels: tuple, weights: tuple, x: np.ndarray, out: np.ndarray) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .fewrows import GROUP, few_rows
 from .stack import stack_tile
 from .tiled import TILE, TiledMatrix, n_tiles
 
@@ -91,6 +92,80 @@ def _gather_rows(codes, scales, rows, out):
 _F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
+# few-row kernels: rows in groups of four, and the two-row form (fewrows.py)
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def q8_0_rows(codes, scales, x, out):
+    """out[r, t*TILE + j] = sum over blocks of scale * (sum_i code[t, i, j] * x[r, i])."""
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        a2 = stack_tile(np.float32)
+        a3 = stack_tile(np.float32)
+        b0 = stack_tile(np.float32)
+        b1 = stack_tile(np.float32)
+        b2 = stack_tile(np.float32)
+        b3 = stack_tile(np.float32)
+        for g in range(0, x.shape[0], GROUP):
+            a0[:] = 0.0
+            a1[:] = 0.0
+            a2[:] = 0.0
+            a3[:] = 0.0
+            for b in range(n_in // BLOCK):
+                b0[:] = 0.0
+                b1[:] = 0.0
+                b2[:] = 0.0
+                b3[:] = 0.0
+                for i in range(b * BLOCK, (b + 1) * BLOCK):
+                    x0, x1, x2, x3 = x[g, i], x[g + 1, i], x[g + 2, i], x[g + 3, i]
+                    for j in range(TILE):
+                        c = np.float32(codes[t, i, j])
+                        b0[j] += c * x0
+                        b1[j] += c * x1
+                        b2[j] += c * x2
+                        b3[j] += c * x3
+                for j in range(TILE):
+                    s = scales[t, b, j]
+                    a0[j] += b0[j] * s
+                    a1[j] += b1[j] * s
+                    a2[j] += b2[j] * s
+                    a3[j] += b3[j] * s
+            for j in range(TILE):
+                out[g, t * TILE + j] = a0[j]
+                out[g + 1, t * TILE + j] = a1[j]
+                out[g + 2, t * TILE + j] = a2[j]
+                out[g + 3, t * TILE + j] = a3[j]
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def q8_0_pair(codes, scales, x, out):
+    """q8_0_rows for two rows (x (2, in)), each accumulated as there."""
+    n_tiles, n_in, _ = codes.shape
+    for t in prange(n_tiles):
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        b0 = stack_tile(np.float32)
+        b1 = stack_tile(np.float32)
+        a0[:] = 0.0
+        a1[:] = 0.0
+        for b in range(n_in // BLOCK):
+            b0[:] = 0.0
+            b1[:] = 0.0
+            for i in range(b * BLOCK, (b + 1) * BLOCK):
+                x0, x1 = x[0, i], x[1, i]
+                for j in range(TILE):
+                    c = np.float32(codes[t, i, j])
+                    b0[j] += c * x0
+                    b1[j] += c * x1
+            for j in range(TILE):
+                s = scales[t, b, j]
+                a0[j] += b0[j] * s
+                a1[j] += b1[j] * s
+        for j in range(TILE):
+            out[0, t * TILE + j] = a0[j]
+            out[1, t * TILE + j] = a1[j]
+
+
 class Q8Matrix(TiledMatrix):
     """A [out, in] Q8_0 matrix in the tiled layout. `m(x)` is x @ W^T for x (n, in)."""
 
@@ -122,7 +197,6 @@ class Q8Matrix(TiledMatrix):
         _matvec_tiles(self.codes, self.scales, x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        from .fewrows import few_rows, q8_0_pair, q8_0_rows  # groups of four, two (fewrows.py)
         few_rows((q8_0_rows, q8_0_pair), (self.codes, self.scales), x, out)
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:

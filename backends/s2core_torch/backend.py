@@ -32,15 +32,16 @@ import torch
 
 from s2core.plugin import Backend, Capabilities
 from s2core.plugin import ModelFile
-from s2core.plugin import StackShape
 from s2core.plugin import EvalBatch
-from s2core.plugin import load_fast_ar
+from s2core.plugin import load_block
 from s2core.plugin import available_host_memory_bytes
 
 from . import ops, options
 from .kv_cache import KVCache, SharedPrefix, storage_dtype
+from .fast_ar import FastDecoder, FastState
+from .layers import embed, finish_block, project_qkv
 from .plugin import torch_capabilities
-from .weights import BlockWeights, WeightLoader
+from .weights import WeightLoader
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -65,7 +66,7 @@ class TorchBackend(Backend):
         self.embeddings = load.matrix("embeddings.weight")  # also the tied output matrix
         self.codebooks = load.matrix("codebook_embeddings.weight")
         self.norm = load.vector("norm.weight")
-        self.layers = [BlockWeights.load(load, f"layers.{i}", hp.attention_qk_norm)
+        self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, load.matrix, load.vector)
                        for i in range(hp.n_layer)]
         self.shape = hp.stack
         self.fast = None if hp.fast is None else FastDecoder(load, hp.fast)
@@ -221,13 +222,13 @@ class TorchBackend(Backend):
 
     @torch.inference_mode()
     def fast_begin_batch(self, hiddens: Any):
-        from .slots import fast_begin_batch
-        return fast_begin_batch(self, torch.as_tensor(hiddens, device=self.device).float())
+        return self.fast.begin_batch(torch.as_tensor(hiddens, device=self.device).float(),
+                                     self.attention_dtype, self.matmul, self.output_product)
 
     @torch.inference_mode()
     def fast_extend_batch(self, state, codes: np.ndarray):
-        from .slots import fast_extend_batch
-        return state, fast_extend_batch(self, state, self._fast_codes(codes))
+        return state, self.fast.extend_batch(state, self._fast_codes(codes), self.matmul,
+                                             self.output_product)
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         with torch.inference_mode():
@@ -239,16 +240,7 @@ class TorchBackend(Backend):
 
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> torch.Tensor:
-        """SPEC 2.4 for every position, float32 (n, dim). One host-to-device copy per array."""
-        dev = self.device
-        token_ids = torch.from_numpy(batch.token_ids).to(dev)
-        codebook_ids = torch.from_numpy(batch.codebook_ids).to(dev)
-        mask = torch.from_numpy(batch.semantic_mask).to(dev)
-        scale = torch.from_numpy(batch.scale).to(dev)
-        x = ops.gather(self.embeddings, token_ids)
-        # Text positions gather codebook row 0 (the core points them there) and mask it out.
-        codes = ops.gather(self.codebooks, codebook_ids).sum(dim=1)
-        return (x + mask[:, None] * codes) * scale[:, None]
+        return embed(self.embeddings, self.codebooks, batch, self.device)
 
     @torch.inference_mode()
     def eval_cached(self, batch: EvalBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,114 +298,3 @@ class TorchBackend(Backend):
         if isinstance(x, torch.Tensor):
             return x.detach().to("cpu", torch.float32).numpy()
         return np.asarray(x, dtype=np.float32)
-
-
-def project_qkv(x: torch.Tensor, blk: BlockWeights, s: StackShape, rotations: torch.Tensor,
-                mm: ops.Matmul) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q (n, n_head, d) and k (n, n_head_kv, d), QK-normed and rotated in float32; v as the
-    product left it (the compute precision)."""
-    qkv = mm(ops.rms_norm(x, blk.attn_norm, s.eps), blk.wqkv)
-    q_size, kv_size = s.q_size, s.kv_size
-    q = qkv[:, :q_size].unflatten(1, (s.n_head, s.head_dim))
-    k = qkv[:, q_size:q_size + kv_size].unflatten(1, (s.n_head_kv, s.head_dim))
-    v = qkv[:, q_size + kv_size:].unflatten(1, (s.n_head_kv, s.head_dim))
-    if blk.q_norm is not None:
-        q = ops.rms_norm(q, blk.q_norm, s.eps)
-        k = ops.rms_norm(k, blk.k_norm, s.eps)
-    return ops.apply_rope(q, rotations), ops.apply_rope(k, rotations), v
-
-
-def finish_block(x: torch.Tensor, attn: torch.Tensor, blk: BlockWeights, eps: float,
-                 mm: ops.Matmul) -> torch.Tensor:
-    """Output projection, residual, SwiGLU feed-forward, residual (the residual in float32)."""
-    h = x + mm(attn, blk.wo)
-    f = ops.rms_norm(h, blk.ffn_norm, eps)
-    return h + mm(ops.silu_gate(mm(f, blk.w1), mm(f, blk.w3)), blk.w2)
-
-
-class FastState:
-    """One Fast-AR sequence: K/V of positions 0..length-1, every layer, on the device at the
-    attention precision, [n_layer, n_head_kv, context_length, head_dim] each.
-
-    The Fast-AR has no rounded cache in s2.cpp (it recomputes every position per call, at
-    compute precision), so keeping its K/V unrounded gives the same numbers as recomputing.
-    """
-
-    __slots__ = ("k", "v", "length", "positions_computed")
-
-    def __init__(self, n_layer: int, n_head_kv: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (n_layer, n_head_kv, capacity, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.length = 0
-        #: positions run through the layers for this state (== length: none recomputed)
-        self.positions_computed = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-
-class FastDecoder:
-    """The Fast-AR (SPEC 5). `advance` appends positions to a FastState: the core's calls of
-    one frame then each compute only their new code's position; fast_decode runs them all."""
-
-    def __init__(self, load: WeightLoader, f):
-        weights = load_fast_ar(f, load.matrix, load.vector,
-                               lambda prefix, qk: BlockWeights.load(load, prefix, qk))
-        self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
-        self.shape = f.stack
-        self.context_length = f.context_length
-        self.device = load.device
-        self.rope = ops.rope_table(f.context_length, f.head_dim, f.rope_freq_base, load.device)
-
-    def matrices(self) -> list[torch.Tensor]:
-        out = [self.embeddings, self.output] + [w for b in self.layers for w in b.matrices()]
-        return out + ([self.project_in] if self.project_in is not None else [])
-
-    def new_state(self, dtype: torch.dtype) -> FastState:
-        s = self.shape
-        return FastState(len(self.layers), s.n_head_kv, self.context_length, s.head_dim, dtype,
-                         self.device)
-
-    def advance(self, state: FastState, hidden: torch.Tensor | None, codes: torch.Tensor | None,
-                mm: ops.Matmul, output_product: ops.OutputProduct) -> torch.Tensor:
-        """Append [project_in(hidden)] (position 0, when given) and the codes' embeddings to
-        `state`; return the logits after the last appended position."""
-        rows = []
-        if hidden is not None:
-            if state.length:
-                raise ValueError("the hidden state goes at position 0 of a new FastState")
-            rows.append(hidden[None] if self.project_in is None
-                        else mm(hidden[None], self.project_in))
-        if codes is not None and len(codes):
-            if not rows and not state.length:
-                raise ValueError("a FastState starts with its hidden state")
-            rows.append(ops.gather(self.embeddings, codes))
-        x = torch.cat([r.float() for r in rows]) if len(rows) > 1 else rows[0].float()
-        return self._run(state, x, mm, output_product)
-
-    def _run(self, state: FastState, x: torch.Tensor, mm: ops.Matmul,
-             output_product: ops.OutputProduct) -> torch.Tensor:
-        s = self.shape
-        n_past, n = state.length, x.shape[0]
-        end = n_past + n
-        if end > state.capacity:
-            raise ValueError(f"{end} Fast-AR positions exceed its context of {state.capacity}")
-        rotations = self.rope[n_past:end]
-        mask = ops.causal_mask(n, n_past, x.device)
-        last = len(self.layers) - 1
-        for i, blk in enumerate(self.layers):
-            q, k, v = project_qkv(x, blk, s, rotations, mm)
-            keys, values = state.k[i], state.v[i]
-            keys[:, n_past:end] = k.transpose(0, 1)  # cast to the attention precision
-            values[:, n_past:end] = v.transpose(0, 1)
-            if i == last and n > 1:
-                # Only the last position's logits are returned: skip the others' final block.
-                x, q, mask = x[-1:], q[-1:], None
-            attn = ops.attention(q.to(keys.dtype), keys[:, :end], values[:, :end], mask, s.attn_scale)
-            x = finish_block(x, attn, blk, s.eps, mm)
-        state.length = end
-        state.positions_computed += n
-        return output_product(self.output, ops.rms_norm(x[-1], self.norm, s.eps))

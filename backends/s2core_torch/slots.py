@@ -1,4 +1,5 @@
-"""Several sequences per call on the torch backend: KV slots, batched Slow-AR and Fast-AR.
+"""Several sequences per call on the torch backend: KV slots and the batched Slow-AR (the
+batched Fast-AR is fast_ar.py's).
 
 The same tensor code on every device (the CPU and CUDA differ only in what ops.Matmul,
 ops.attention and KVCache already choose per device). A call concatenates every slot's rows,
@@ -18,6 +19,7 @@ from s2core.plugin import EvalBatch
 
 from . import ops
 from .kv_cache import KVCache, SharedPrefix
+from .layers import embed, finish_block, project_qkv
 
 
 class SharedPrefixes:
@@ -53,8 +55,6 @@ class SharedPrefixes:
 def eval_slots(backend, caches: list[KVCache], rope: torch.Tensor,
                items: list[tuple[int, EvalBatch]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(hidden, logits) of each item's last position (the rules of eval_cached, per slot)."""
-    from .backend import finish_block, project_qkv
-
     s, mm, dev = backend.shape, backend.matmul, backend.device
     batches = [b for _, b in items]
     bounds, lo = [], 0
@@ -63,7 +63,7 @@ def eval_slots(backend, caches: list[KVCache], rope: torch.Tensor,
         lo += b.n_tokens
     rotations = torch.cat([rope[b.n_past:b.n_past + b.n_tokens] for b in batches])
     masks = [ops.causal_mask(b.n_tokens, b.n_past, dev) for b in batches]
-    x = torch.cat([backend._embed(b) for b in batches])
+    x = torch.cat([embed(backend.embeddings, backend.codebooks, b, dev) for b in batches])
     last = len(backend.layers) - 1
     for i, blk in enumerate(backend.layers):
         q, k, v = project_qkv(x, blk, s, rotations, mm)
@@ -85,51 +85,3 @@ def eval_slots(backend, caches: list[KVCache], rope: torch.Tensor,
     hidden = ops.rms_norm(x, backend.norm, s.eps)  # one row per item
     logits = backend.output_product.rows(backend.embeddings, hidden)
     return [(hidden[j].clone(), logits[j].clone()) for j in range(len(items))]
-
-
-class FastBatchState:
-    """B Fast-AR sequences at the same position: K/V (B, n_layer, n_head_kv, capacity, d)
-    at the attention precision (unrounded, as FastState)."""
-
-    def __init__(self, b: int, n_layer: int, n_head_kv: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (b, n_layer, n_head_kv, capacity, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.length = 0
-
-
-def fast_run(fast, state: FastBatchState, x: torch.Tensor, mm: ops.Matmul,
-             output_product: ops.OutputProduct) -> torch.Tensor:
-    """One position for every sequence (x (B, width)); logits (B, codebook_size)."""
-    from .backend import finish_block, project_qkv
-
-    s, pos, b = fast.shape, state.length, x.shape[0]
-    if pos + 1 > state.k.shape[3]:
-        raise ValueError(f"{pos + 1} Fast-AR positions exceed its context of {state.k.shape[3]}")
-    rotations = fast.rope[pos:pos + 1].expand(b, -1)
-    for i, blk in enumerate(fast.layers):
-        q, k, v = project_qkv(x, blk, s, rotations, mm)
-        keys, values = state.k[:, i], state.v[:, i]  # (B, n_head_kv, capacity, d)
-        keys[:, :, pos] = k  # cast to the attention precision
-        values[:, :, pos] = v
-        attn = torch.cat([ops.attention(q[r:r + 1].to(keys.dtype), keys[r, :, :pos + 1],
-                                        values[r, :, :pos + 1], None, s.attn_scale)
-                          for r in range(b)])
-        x = finish_block(x, attn, blk, s.eps, mm)
-    state.length = pos + 1
-    return output_product.rows(fast.output, ops.rms_norm(x, fast.norm, s.eps))
-
-
-def fast_begin_batch(backend, hiddens: torch.Tensor) -> tuple[FastBatchState, torch.Tensor]:
-    fast, s = backend.fast, backend.fast.shape
-    state = FastBatchState(hiddens.shape[0], len(fast.layers), s.n_head_kv,
-                           fast.context_length, s.head_dim, backend.attention_dtype,
-                           backend.device)
-    x = hiddens if fast.project_in is None else backend.matmul(hiddens, fast.project_in)
-    return state, fast_run(fast, state, x.float(), backend.matmul, backend.output_product)
-
-
-def fast_extend_batch(backend, state: FastBatchState, codes: torch.Tensor) -> torch.Tensor:
-    x = ops.gather(backend.fast.embeddings, codes)
-    return fast_run(backend.fast, state, x.float(), backend.matmul, backend.output_product)

@@ -18,7 +18,6 @@ they would otherwise stay resident beside the copy (a q8_0 file would count 1.4 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Union
 
 import numpy as np
@@ -27,7 +26,6 @@ from gguf import GGMLQuantizationType as QT
 
 from s2core.plugin import QUANTIZED_TYPES, NonFiniteScalesWarning, non_finite_scale_blocks
 from s2core.plugin import ModelFile
-from s2core.plugin import load_block
 
 from .quantized import QuantizedMatrix
 
@@ -112,25 +110,3 @@ class WeightLoader:
             slab = self.model_file.dequantize_rows(name, np.arange(start, stop))
             out[start:stop].copy_(torch.from_numpy(slab))  # rounds to the widened dtype
         return out
-
-
-@dataclass
-class BlockWeights:
-    """One transformer block, PyTorch order [out, in]."""
-
-    attn_norm: torch.Tensor
-    ffn_norm: torch.Tensor
-    wqkv: Matrix
-    wo: Matrix
-    w1: Matrix
-    w3: Matrix
-    w2: Matrix
-    q_norm: torch.Tensor | None
-    k_norm: torch.Tensor | None
-
-    @classmethod
-    def load(cls, load: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        return cls(**load_block(prefix, qk_norm, load.matrix, load.vector))
-
-    def matrices(self) -> list[Matrix]:
-        return [self.wqkv, self.wo, self.w1, self.w3, self.w2]

@@ -149,7 +149,8 @@ def run(backends: tuple[str, ...] | None, out_dir: Path, quick: bool = False,
     import s2core
     from s2core.codec.file import CodecFile
     from s2core.runtime.codec_selection import provides_codec
-    from s2core.embedded.codec_writer import cached_codec, demo_codec_config, s2pro_codec_config
+    from s2core.embedded.cache import cached_codec
+    from s2core.embedded.codec_writer import demo_codec_config, s2pro_codec_config
     from s2core.benchmarking import machine
     from s2core.benchmarking.runner import child_env
 

@@ -29,6 +29,11 @@ COMPUTE_DTYPES = ("f32", "f16", "bf16")
 GGUF_TYPE_NAMES = frozenset(t.name.lower() for t in GGMLQuantizationType)
 
 
+def is_int(value: Any) -> bool:
+    """A plain Python int, not a bool: what a plugin's declared values must be."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend is, as far as the core's policies and the user's planning care."""
@@ -91,9 +96,6 @@ class Capabilities:
         """Every field of the wrong type or outside its known values (empty when valid): the
         core's policies and the kit's bounds index tables by these strings."""
         p = []
-
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
 
         def names(v: Any) -> bool:
             return isinstance(v, frozenset) and all(isinstance(x, str) for x in v)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from s2core.contract.backend import Capabilities
+from s2core.contract.backend import Capabilities, is_int
 from s2core.contract.plugin_spec import BackendSpec, Option, Probe
 
 #: backend names: what users type in load(backend=...) and $S2CORE_BACKEND
@@ -22,10 +22,6 @@ OPTION_PATTERN = re.compile(r"^[A-Za-z_]\w*$")
 def short(value: Any, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def spec_problems(spec: Any) -> list[str]:

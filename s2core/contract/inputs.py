@@ -221,8 +221,13 @@ def _as_array(value: Any, what: str, error: type[InvalidInputError], check: str)
                            f"({str(exc)[:200]})") from None
 
 
+def is_integer(value: Any) -> bool:
+    """A Python or NumPy integer, and not a bool (True would pass for 1)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise InvalidTokensError("n_tokens_type", f"{what} must be an integer, got {value!r}")
     return int(value)
 

@@ -11,13 +11,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from s2core.modelfile.hparams import Hparams
+from s2core.embedded.codec_writer import (CODEC_WRITER_VERSION, CodecConfig, demo_codec_config,
+                                          s2pro_codec_config, write_codec)
 from s2core.embedded.writer import write_model
-
-if TYPE_CHECKING:
-    from s2core.embedded.codec_writer import CodecConfig
 
 #: bump when the writer's output for the same arguments changes
 WRITER_VERSION = 1
@@ -32,13 +31,12 @@ def cache_dir() -> Path:
 
 
 def model_path(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
-               directory: Path | None = None, codec: "CodecConfig | None" = None,
+               directory: Path | None = None, codec: CodecConfig | None = None,
                random_blocks: bool = False) -> Path:
     """Where the cache keeps the model file for these arguments (written or not)."""
     fields = {"hp": dataclasses.asdict(hp), "type": weight_type, "seed": seed,
               "writer": WRITER_VERSION}
     if codec is not None:  # a file that carries its codec, as s2.cpp's do
-        from s2core.embedded.codec_writer import CODEC_WRITER_VERSION
         fields["codec"] = [dataclasses.asdict(codec), CODEC_WRITER_VERSION]
     if random_blocks:  # (absent otherwise: the names of files written before stay valid)
         fields["random_blocks"] = True
@@ -49,7 +47,7 @@ def model_path(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model"
 def cached_model(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "model",
                  directory: Path | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 codec: "CodecConfig | None" = None, random_blocks: bool = False) -> Path:
+                 codec: CodecConfig | None = None, random_blocks: bool = False) -> Path:
     """Path of a model file for these arguments, written first if the cache lacks it.
     `codec`: the file carries this codec too (`c.*` tensors, as s2.cpp's files);
     `random_blocks`: quantized tensors hold random valid blocks (write_model's option)."""
@@ -58,3 +56,27 @@ def cached_model(hp: Hparams, weight_type: str, seed: int = 0, stem: str = "mode
         write_model(path, hp, weight_type, seed=seed, progress=progress, codec=codec,
                     random_blocks=random_blocks)
     return path
+
+
+def cached_codec(config: CodecConfig, weight_type: str = "f16", seed: int = 0,
+                 codec_only: bool = True, stem: str = "codec", directory: Path | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Path:
+    """Path of this codec's file in the cache, written first if absent. The name hashes
+    everything that decides the bytes."""
+    key = json.dumps({"config": dataclasses.asdict(config), "type": weight_type, "seed": seed,
+                      "codec_only": codec_only, "writer": CODEC_WRITER_VERSION}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    path = (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
+    if not path.exists():
+        write_codec(path, config, weight_type, seed=seed, codec_only=codec_only, progress=progress)
+    return path
+
+
+def demo_codec_path(weight_type: str = "f16") -> Path:
+    """The embedded demo's codec (`demo_codec_config`), written into the cache on first use."""
+    return cached_codec(demo_codec_config(), weight_type, stem="demo-codec")
+
+
+def s2pro_codec_path(weight_type: str = "f16") -> Path:
+    """A codec with S2 Pro's real structure and random weights (0.78 GB in F16), cached."""
+    return cached_codec(s2pro_codec_config(), weight_type, stem="s2pro-codec")

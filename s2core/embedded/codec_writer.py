@@ -16,7 +16,6 @@ noise of a few tenths RMS, not saturated by the final tanh.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -27,6 +26,8 @@ from gguf import GGMLQuantizationType as QT
 
 from s2core.codec.hparams import KEY_PREFIX, CodecHparams, TransformerHparams
 from s2core.codec.layout import CodecLayout, Conv, ConvTranspose, build_layout
+from s2core.embedded.encoding import Plan, encode, tensor_rng
+from s2core.embedded.encoding import write_tensors as _write_stored
 
 #: the container's architecture -> the prefix of codec tensor names (CODEC.md 1)
 CODEC_ONLY_ARCH = "fish-speech-codec"
@@ -117,10 +118,6 @@ def demo_codec_config() -> CodecConfig:
 
 
 # ---------------------------------------------------------------------- weights
-def _rng(seed: int, name: str) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
-
 def _scales(layout: CodecLayout) -> dict[str, float]:
     """Standard deviation of each conv weight: 1/sqrt(fan in), halved in residual branches."""
     out: dict[str, float] = {}
@@ -158,7 +155,7 @@ def _scales(layout: CodecLayout) -> dict[str, float]:
 def random_codec_weight(name: str, shape: tuple[int, ...], seed: int,
                         conv_scales: dict[str, float]) -> np.ndarray:
     """float32 values for the tensor `name` (without prefix)."""
-    rng = _rng(seed, name)
+    rng = tensor_rng(seed, name)
     normal = rng.standard_normal(shape, dtype=np.float32)
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "alpha":  # Snake divides by alpha: keep it away from 0
@@ -255,55 +252,17 @@ def write_codec(path: str | os.PathLike, config: CodecConfig, weight_type: str =
     return WrittenCodec(path, config, weight_type, prefix)
 
 
-def write_tensors(writer: gguf.GGUFWriter, plan: list[tuple[str, tuple[int, ...], QT]],
+def write_tensors(writer: gguf.GGUFWriter, plan: Plan,
                   values: Callable[[str, tuple[int, ...]], np.ndarray], strip: str = "",
                   progress: Callable[[int, int], None] | None = None) -> None:
-    """Header, keys, tensor infos, then each tensor generated and written one at a time (an
-    S2 Pro-sized codec never sits in memory whole). `strip` is removed from names for `values`."""
-    from s2core.embedded.writer import encode  # F32, F16 or any quantized type gguf-py writes
-    for name, shape, qt in plan:
-        block, size = gguf.GGML_QUANT_SIZES[qt]
-        writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) // block * size,
-                               raw_dtype=qt)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for done, (name, shape, qt) in enumerate(plan, 1):
-        data = values(name[len(strip):] if strip and name.startswith(strip) else name, shape)
-        writer.write_tensor_data(encode(data, qt))
-        if progress:
-            progress(done, len(plan))
+    """Write the plan's tensors from float32 `values(name, shape)`, each encoded to its type;
+    `strip` is removed from names for `values`."""
+    def stored(_done: int, name: str, shape: tuple[int, ...], qt: QT) -> np.ndarray:
+        return encode(values(name[len(strip):] if strip and name.startswith(strip) else name,
+                             shape), qt)
+
+    _write_stored(writer, plan, stored, progress)
 
 
-# ---------------------------------------------------------------------- cached files
 #: bump when the writer's output for the same arguments changes
 CODEC_WRITER_VERSION = 1
-
-
-def cached_codec(config: CodecConfig, weight_type: str = "f16", seed: int = 0,
-                 codec_only: bool = True, stem: str = "codec", directory: Path | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> Path:
-    """Path of this codec's file in the cache (s2core.embedded.cache_dir), written first if
-    absent. The name hashes everything that decides the bytes."""
-    import dataclasses
-    import hashlib
-    import json
-
-    from s2core.embedded.cache import cache_dir
-    key = json.dumps({"config": dataclasses.asdict(config), "type": weight_type, "seed": seed,
-                      "codec_only": codec_only, "writer": CODEC_WRITER_VERSION}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    path = (directory or cache_dir()) / f"{stem}-{weight_type}-{digest}.gguf"
-    if not path.exists():
-        write_codec(path, config, weight_type, seed=seed, codec_only=codec_only, progress=progress)
-    return path
-
-
-def demo_codec_path(weight_type: str = "f16") -> Path:
-    """The embedded demo's codec (`demo_codec_config`), written into the cache on first use."""
-    return cached_codec(demo_codec_config(), weight_type, stem="demo-codec")
-
-
-def s2pro_codec_path(weight_type: str = "f16") -> Path:
-    """A codec with S2 Pro's real structure and random weights (0.78 GB in F16), cached."""
-    return cached_codec(s2pro_codec_config(), weight_type, stem="s2pro-codec")

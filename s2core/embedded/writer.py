@@ -9,10 +9,9 @@ encoded and written one at a time: an S2 Pro-sized file never sits in memory who
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -22,10 +21,8 @@ from s2core.gguf.blocks import QUANTIZED_TYPES
 from s2core.gguf.blocks import random_blocks as _random_blocks
 from s2core.modelfile.hparams import ARCH_DEFAULT, EXT, FastHparams, Hparams
 from s2core.modelfile.layout import expected_tensors, is_norm
-from s2core.embedded.kquants import quantize_k
-
-if TYPE_CHECKING:
-    from s2core.embedded.codec_writer import CodecConfig
+from s2core.embedded.codec_writer import CodecConfig, add_codec_metadata, codec_plan, codec_tensor_values
+from s2core.embedded.encoding import encode, tensor_rng, write_tensors
 
 #: weight types the writer produces, by their file-name spelling
 WEIGHT_TYPES: dict[str, QT] = {
@@ -33,7 +30,6 @@ WEIGHT_TYPES: dict[str, QT] = {
     "q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1,
     "q2_k": QT.Q2_K, "q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
 }
-_K_QUANTS = {QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K}
 
 #: mixed files, as the "_m" recipes of llama.cpp's quantizer write them (s2-pro-q4_k_m.gguf,
 #: q5_k_m): (the base type, the type of the tensors given more bits). The more-bits tensors are
@@ -83,17 +79,13 @@ def s2pro_hparams(n_layer: int = 36, fast_n_layer: int = 4) -> Hparams:
 
 
 # ---------------------------------------------------------------------- weights
-def _rng(seed: int, name: str) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
-
 def random_weight(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Values at scales that keep activations finite and logits non-degenerate at any dim.
 
     Norm gains ~ 1 +- 0.1; embedding tables std 4/sqrt(dim) (logits std ~4); projections
     std 1/sqrt(fan_in), halved for the ones that feed the residual stream (wo, w2).
     """
-    rng = _rng(seed, name)
+    rng = tensor_rng(seed, name)
     if is_norm(name):
         return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
     fan_in = shape[-1]
@@ -142,17 +134,6 @@ def tensor_type(name: str, shape: tuple[int, ...], weight_type: str, n_layer: in
     return QT.Q8_0 if shape[-1] % 32 == 0 else QT.F16
 
 
-def encode(data: np.ndarray, qt: QT) -> np.ndarray:
-    """float32 values -> the bytes (or float array) GGUF stores for type qt."""
-    if qt == QT.F32:
-        return np.ascontiguousarray(data, dtype=np.float32)
-    if qt == QT.F16:
-        return data.astype(np.float16)
-    if qt in _K_QUANTS:
-        return quantize_k(data, qt)
-    return gguf.quants.quantize(data, qt)
-
-
 # ---------------------------------------------------------------------- writing
 @dataclass(frozen=True)
 class WrittenModel:
@@ -170,7 +151,7 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
                 include_codec: bool = False, name: str = "s2core random test model",
                 progress: Callable[[int, int], None] | None = None,
                 random_blocks: bool = False,
-                codec: "CodecConfig | None" = None) -> WrittenModel:
+                codec: CodecConfig | None = None) -> WrittenModel:
     """Write a GGUF file in s2.cpp's layout for hparams `hp` with random weights.
 
     `include_codec` adds a few `c.*` placeholder tensors and two `fish_speech.codec.*` keys,
@@ -195,7 +176,6 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
         plan += [("c.encoder.conv.weight", (8, 16), QT.F16), ("c.quantizer.codebook", (32, 8), QT.F32)]
     codec_values = None
     if codec is not None:
-        from s2core.embedded.codec_writer import add_codec_metadata, codec_plan, codec_tensor_values
         plan += codec_plan(codec, "f32" if weight_type == "f32" else "f16", prefix="c.")
         codec_values = codec_tensor_values(codec, seed)
 
@@ -203,25 +183,17 @@ def write_model(path: str | os.PathLike, hp: Hparams, weight_type: str = "f32", 
     _add_metadata(writer, hp, weight_type, name, include_codec)
     if codec is not None:
         add_codec_metadata(writer, codec)
-    for tname, shape, qt in plan:
-        block, size = gguf.GGML_QUANT_SIZES[qt]
-        nbytes = int(np.prod(shape)) // block * size
-        writer.add_tensor_info(tname, shape, np.dtype(np.float32), nbytes, raw_dtype=qt)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for done, (tname, shape, qt) in enumerate(plan, 1):
+
+    def stored(done: int, tname: str, shape: tuple[int, ...], qt: QT) -> np.ndarray:
         if codec_values is not None and tname.startswith("c."):
-            data = encode(codec_values(tname[2:], shape), qt)
-        elif random_blocks and qt in QUANTIZED_TYPES:
+            return encode(codec_values(tname[2:], shape), qt)
+        if random_blocks and qt in QUANTIZED_TYPES:
             values = gguf.GGML_QUANT_SIZES[qt][0]
-            data = _random_blocks(qt, shape[0], shape[1] // values, seed + done,
+            return _random_blocks(qt, shape[0], shape[1] // values, seed + done,
                                   RANDOM_BLOCK_SCALE)
-        else:
-            data = encode(random_weight(tname, shape, seed), qt)
-        writer.write_tensor_data(data)
-        if progress:
-            progress(done, len(plan))
+        return encode(random_weight(tname, shape, seed), qt)
+
+    write_tensors(writer, plan, stored, progress)
     writer.close()
     os.replace(tmp, path)  # a crash mid-write never leaves a half file under the real name
     return WrittenModel(path, hp, weight_type, {n: qt.name.lower() for n, _, qt in plan})

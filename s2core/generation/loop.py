@@ -16,7 +16,6 @@ result, fish-speech's codes.npy and .s2voice files, and `reference_codes` in s2c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
@@ -24,139 +23,16 @@ import numpy as np
 from s2core.contract import inputs
 from s2core.errors import CacheOverflowError, InvalidInputError, PrefixMismatchError
 from s2core.runtime.model import SlowARModel
-from s2core.generation.sampling import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, candidates,
-                       check_sampling, draw, sample_token)
+from s2core.generation.config import (QWEN_IM_END_ID, GenerationConfig, GenerationStats,
+                                      Sampling)
+from s2core.generation.frame import FrameRule
+from s2core.generation.sampling import sample_token
 
 if TYPE_CHECKING:
     from s2core.runtime.prefix import KVPrefix
 
 __all__ = ["GenerationConfig", "GenerationStats", "Sampling", "generate", "sample_token",
            "stream", "QWEN_IM_END_ID"]
-
-#: Qwen3's <|im_end|>, the end-of-turn token of S2 Pro's text vocabulary
-QWEN_IM_END_ID = 151645
-#: s2.cpp's repetition-aware sampling: window, and the settings of the resample
-RAS_WINDOW = 10
-RAS_TEMPERATURE = 1.0
-RAS_TOP_P = 0.9
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """temperature <= 0 is greedy; top_k <= 0 and top_p >= 1 turn those filters off."""
-
-    temperature: float = DEFAULT_TEMPERATURE
-    top_p: float = DEFAULT_TOP_P
-    top_k: int = DEFAULT_TOP_K
-
-    def __post_init__(self):
-        check_sampling(self.temperature, self.top_p, self.top_k)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise InvalidInputError(name, f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise InvalidInputError(name, f"{name} must be >= {minimum}, got {value}")
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """Settings of one synthesis. The defaults are s2.cpp's (GenerateParams); every value is
-    checked here, so a bad config fails before any model is touched."""
-
-    max_new_tokens: int = 1024
-    temperature: float = DEFAULT_TEMPERATURE
-    top_p: float = DEFAULT_TOP_P
-    top_k: int = DEFAULT_TOP_K
-    #: <|im_end|> cannot be sampled before this many frames
-    min_tokens_before_end: int = 0
-    #: the end-of-turn id; s2core.speak takes it from the tokenizer
-    im_end_id: int = QWEN_IM_END_ID
-    #: None: fresh randomness each run (s2.cpp seeds from the OS); an int >= 0: reproducible
-    seed: int | None = None
-    #: how codes 1..C-1 are sampled; None: the settings above (s2.cpp)
-    code_sampling: Sampling | None = None
-    #: repetition-aware sampling: a semantic main token seen among the last `ras_window`
-    #: frames is resampled at ras_temperature / ras_top_p and the top_k above; 0 turns it off
-    ras_window: int = RAS_WINDOW
-    ras_temperature: float = RAS_TEMPERATURE
-    ras_top_p: float = RAS_TOP_P
-
-    def __post_init__(self):
-        _check_int("max_new_tokens", self.max_new_tokens, 1)
-        _check_int("min_tokens_before_end", self.min_tokens_before_end, 0)
-        _check_int("im_end_id", self.im_end_id, 0)
-        _check_int("ras_window", self.ras_window, 0)
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0)
-        check_sampling(self.temperature, self.top_p, self.top_k)
-        check_sampling(self.ras_temperature, self.ras_top_p, self.top_k, "ras")
-        if self.code_sampling is not None and not isinstance(self.code_sampling, Sampling):
-            raise InvalidInputError("code_sampling", f"code_sampling must be a Sampling or None, "
-                                    f"got {type(self.code_sampling).__name__}")
-
-    @property
-    def main(self) -> Sampling:
-        return Sampling(self.temperature, self.top_p, self.top_k)
-
-    @property
-    def codes(self) -> Sampling:
-        return self.code_sampling or self.main
-
-    @property
-    def ras(self) -> Sampling:
-        return Sampling(self.ras_temperature, self.ras_top_p, self.top_k)
-
-
-@dataclass
-class GenerationStats:
-    """What one synthesis did and how long each phase took (seconds); filled while it runs."""
-
-    prompt_positions: int = 0
-    #: positions whose K/V came from a restored prefix (0 without one)
-    restored_positions: int = 0
-    #: positions run through the Slow-AR for the prompt (prompt_positions - restored_positions)
-    prefilled_positions: int = 0
-    #: True when the prefix was recomputed from its token rows (a backend that cannot write
-    #: its cache), not written
-    prefix_recomputed: bool = False
-    #: True when the prefix's K/V were not copied for this synthesis: a server's slot
-    #: referenced the voice's K/V, held once by the backend (Capabilities.shares_kv_prefix)
-    prefix_shared: bool = False
-    restore_s: float = 0.0
-    prefill_s: float = 0.0
-    #: from the call to the first frame's codes (prompt, first sample, first Fast-AR codes)
-    first_frame_s: float | None = None
-    step_s: list[float] = field(default_factory=list)
-    fast_decode_s: list[float] = field(default_factory=list)  # one entry per frame
-    sample_s: float = 0.0
-    frames: int = 0
-    total_s: float = 0.0
-    stopped_by: str = ""  # "im_end", "max_new_tokens", "closed" (the caller stopped early)
-
-
-class _MainSampler:
-    """The main token: logits + the semantic/<|im_end|> mask, sampled with `s`.
-
-    Only the allowed ids are handed to the sampler (sorted ascending, so ties break by id as
-    over the whole masked vocab): the masked ones are -inf there and never survive."""
-
-    def __init__(self, hp, im_end_id: int):
-        last = min(hp.semantic_end_id, hp.vocab_size - 1)
-        semantic = np.arange(hp.semantic_begin_id, last + 1, dtype=np.int64)
-        self.im_end_id = im_end_id
-        self.without_end = semantic[semantic != im_end_id]
-        self.with_end = np.union1d(semantic, [im_end_id]).astype(np.int64)
-
-    def __call__(self, logits: np.ndarray, block_end: bool, s: Sampling,
-                 rng: np.random.Generator) -> int:
-        ids = self.without_end if block_end else self.with_end
-        sub = np.asarray(logits[ids], dtype=np.float32)
-        if np.isnan(sub).any() or not np.isfinite(sub).any():
-            raise FloatingPointError(f"the model's logits over the allowed ids are not usable "
-                                     f"(NaN or all -inf): {sub[:8]}...")
-        return int(ids[draw(candidates(sub, s.top_p, s.top_k), s.temperature, rng)])
 
 
 def check_prompt(model: SlowARModel, prompt: Any, config: GenerationConfig,
@@ -221,19 +97,9 @@ def stream(model: SlowARModel, prompt: Any, config: GenerationConfig | None = No
 def _frames(model: SlowARModel, prompt: np.ndarray, config: GenerationConfig,
             prefix: "KVPrefix | None", stats: GenerationStats) -> Iterator[np.ndarray]:
     hp = model.hparams
-    rng = np.random.default_rng(config.seed)
-    main_sampler = _MainSampler(hp, config.im_end_id)
-    main_s, code_s, ras_s = config.main, config.codes, config.ras
-    window: list[int] = []
+    rule = FrameRule(hp, config, stats)
     stats.prompt_positions = len(prompt)
     t_start = time.perf_counter()
-
-    def sample_main(logits: np.ndarray, frames: int) -> int:
-        t = time.perf_counter()
-        block_end = frames < config.min_tokens_before_end
-        token = main_sampler(logits, block_end, main_s, rng)
-        stats.sample_s += time.perf_counter() - t
-        return token
 
     # The stream holds the model from its first frame to its end, across its yields:
     # another thread's call in between raises ModelBusyError (s2core/runtime/guard.py).
@@ -252,25 +118,14 @@ def _frames(model: SlowARModel, prompt: np.ndarray, config: GenerationConfig,
             logits = result.logits
             stats.prefill_s = time.perf_counter() - t
             stats.prefilled_positions = len(rest)
-            main = sample_main(logits, 0)
+            main = rule.sample_main(logits, 0)
             frames = 0
             stats.stopped_by = "closed"
             while main != config.im_end_id and frames < config.max_new_tokens:
-                # RAS: a semantic token already in the window is resampled (s2.cpp's check order).
-                if (config.ras_window and main in window
-                        and hp.semantic_begin_id <= main <= hp.semantic_end_id):
-                    t = time.perf_counter()
-                    main = main_sampler(logits, frames < config.min_tokens_before_end, ras_s, rng)
-                    stats.sample_s += time.perf_counter() - t
-                if config.ras_window:
-                    window.append(main)
-                    del window[:-config.ras_window]
+                main, codes = rule.begin_frame(main, logits, frames)
                 t = time.perf_counter()
-                codes = [min(max(main - hp.semantic_begin_id, 0), hp.codebook_size - 1)]
                 for _ in range(1, hp.num_codebooks):
-                    fast_logits = model.fast_decode(result.hidden_native, codes)
-                    codes.append(int(draw(candidates(_finite(fast_logits), code_s.top_p,
-                                                     code_s.top_k), code_s.temperature, rng)))
+                    codes.append(rule.draw_code(model.fast_decode(result.hidden_native, codes)))
                 stats.fast_decode_s.append(time.perf_counter() - t)
                 frame = np.asarray(codes, dtype=np.int64)
                 frames += 1
@@ -285,19 +140,12 @@ def _frames(model: SlowARModel, prompt: np.ndarray, config: GenerationConfig,
                 result = model.step(np.concatenate([[main], frame]))
                 logits = result.logits
                 stats.step_s.append(time.perf_counter() - t)
-                main = sample_main(logits, frames)
+                main = rule.sample_main(logits, frames)
             stats.stopped_by = "im_end" if main == config.im_end_id else "max_new_tokens"
         finally:
             lease.claim()  # closed or collected, maybe from another thread
             model.clear_kv_cache()
             stats.total_s = time.perf_counter() - t_start
-
-
-def _finite(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float32)
-    if np.isnan(x).any() or not np.isfinite(x).any():
-        raise FloatingPointError("the Fast-AR's logits are NaN or all infinite")
-    return x
 
 
 def generate(model: SlowARModel, prompt: Any, config: GenerationConfig | None = None,

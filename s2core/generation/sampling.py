@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from s2core.contract.inputs import is_integer
 from s2core.errors import InvalidInputError
 
 #: s2.cpp's SamplerParams / GenerateParams defaults
@@ -138,7 +139,7 @@ def check_sampling(temperature: Any, top_p: Any, top_k: Any, what: str = "") -> 
     if math.isinf(float(temperature)):
         raise InvalidInputError(f"{prefix}temperature", f"{prefix}temperature must be finite, "
                                 f"got {temperature}")
-    if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer)):
+    if not is_integer(top_k):
         raise InvalidInputError(f"{prefix}top_k", f"{prefix}top_k must be an integer (<= 0: "
                                 f"off), got {top_k!r}")
 

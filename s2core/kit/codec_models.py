@@ -10,10 +10,7 @@ F16 and F32 files in both containers (a full file's `c.` prefix and a codec-only
 
 from __future__ import annotations
 
-import atexit
 import functools
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import numpy as np
 from s2core.codec.file import CodecFile
 from s2core.embedded.codec_writer import CodecConfig, codec_hparams, tiny_codec_config, write_codec
 from s2core.kit.codec_reference import CodecReference
+from s2core.kit.models import scratch_directory
 
 EXAMPLE_DIR = Path(__file__).parent / "data" / "codec_example"
 
@@ -67,19 +65,12 @@ CODEC_CONFIGS: dict[str, KitCodec] = {
 CODEC_IDS = list(CODEC_CONFIGS)
 
 
-@functools.lru_cache(maxsize=1)
-def _directory() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="s2core-kit-codec-"))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
-
-
 @functools.lru_cache(maxsize=None)
 def kit_codec(name: str, codec_only: bool | None = None) -> Path:
     """Path of the kit codec `name` (in its own container, or the one asked), written once."""
     kc = CODEC_CONFIGS[name]
     only = kc.codec_only if codec_only is None else codec_only
-    path = _directory() / f"{name}-{'codec' if only else 'full'}.gguf"
+    path = scratch_directory("s2core-kit-codec-") / f"{name}-{'codec' if only else 'full'}.gguf"
     write_codec(path, kc.config, kc.weight_type, seed=11, codec_only=only)
     return path
 

@@ -64,9 +64,11 @@ MATRIX: list[tuple[str, str]] = [
 MATRIX_IDS = [f"{c}-{t}" for c, t in MATRIX]
 
 
-@functools.lru_cache(maxsize=1)
-def _directory() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="s2core-kit-"))
+@functools.lru_cache(maxsize=None)
+def scratch_directory(prefix: str = "s2core-kit-") -> Path:
+    """A temporary directory for the kit's files, one per prefix and process, removed at
+    exit."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
@@ -74,7 +76,7 @@ def _directory() -> Path:
 @functools.lru_cache(maxsize=None)
 def kit_model(config: str = "gqa4", weight_type: str = "f32") -> Path:
     """Path of the kit's model file for (config, weight type), written on first use."""
-    path = _directory() / f"{config}-{weight_type}.gguf"
+    path = scratch_directory() / f"{config}-{weight_type}.gguf"
     write_model(path, CONFIGS[config], weight_type, seed=7, include_codec=True)
     return path
 

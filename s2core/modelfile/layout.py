@@ -6,6 +6,7 @@ writer (which produces files from it). GGUF stores dims reversed; that is the lo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from s2core.modelfile.hparams import FastHparams, Hparams
@@ -38,16 +39,36 @@ BLOCK_NORMS = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm"}
 BLOCK_QK_NORMS = {"q_norm": "attention.q_norm", "k_norm": "attention.k_norm"}
 
 
+@dataclass(frozen=True)
+class BlockWeights:
+    """One transformer block's tensors in a backend's own types (matrices [out, in] as the
+    backend keeps them, norm vectors; the QK norms None without QK-norm). Every backend's
+    blocks are this record, filled by `load_block`."""
+
+    attn_norm: Any
+    ffn_norm: Any
+    wqkv: Any
+    wo: Any
+    w1: Any
+    w3: Any
+    w2: Any
+    q_norm: Any
+    k_norm: Any
+
+    def matrices(self) -> list:
+        """The five projection matrices."""
+        return [self.wqkv, self.wo, self.w1, self.w3, self.w2]
+
+
 def load_block(prefix: str, qk_norm: bool, matrix: Callable[[str], Any],
-               vector: Callable[[str], Any]) -> dict[str, Any]:
-    """One block's weights by attribute name (wqkv, wo, w1, w3, w2, attn_norm, ffn_norm,
-    q_norm, k_norm; the QK norms None without QK-norm), each loaded by the backend's own
-    `matrix(name)` or `vector(name)`: every backend's BlockWeights is `cls(**load_block(...))`."""
+               vector: Callable[[str], Any]) -> BlockWeights:
+    """One block's weights, each loaded by the backend's own `matrix(name)` or
+    `vector(name)`."""
     out = {attr: matrix(f"{prefix}.{name}.weight") for attr, name in BLOCK_MATRICES.items()}
     out.update((attr, vector(f"{prefix}.{name}.weight")) for attr, name in BLOCK_NORMS.items())
     out.update((attr, vector(f"{prefix}.{name}.weight") if qk_norm else None)
                for attr, name in BLOCK_QK_NORMS.items())
-    return out
+    return BlockWeights(**out)
 
 
 class FastARWeights(NamedTuple):
@@ -63,7 +84,7 @@ class FastARWeights(NamedTuple):
 def load_fast_ar(f: FastHparams, matrix: Callable[[str], Any], vector: Callable[[str], Any],
                  block: Callable[[str, bool], Any]) -> FastARWeights:
     """Every Fast-AR tensor through the backend's loaders: `block(prefix, qk_norm)` builds
-    one layer (usually its BlockWeights.load over `load_block`)."""
+    one layer (usually `load_block` with the same loaders)."""
     return FastARWeights(
         project_in=matrix("fast_project_in.weight") if f.project_in else None,
         embeddings=matrix("fast_embeddings.weight"), norm=vector("fast_norm.weight"),

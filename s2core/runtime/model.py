@@ -19,6 +19,7 @@ from s2core.runtime.chunking import chunk_bounds, prefill_chunk_size
 from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
                      InvalidInputError, PrefixMismatchError, S2CoreError)
 from s2core.modelfile.file import ModelFile
+from s2core.runtime.fast_session import FastSession, fast_incremental
 from s2core.runtime.guard import ModelGuard, guarded
 from s2core.modelfile.hparams import Hparams
 from s2core.contract.inputs import EvalBatch
@@ -62,25 +63,6 @@ class Result:
         return f"Result(n_tokens={self.n_tokens}, backend={self._backend.name!r})"
 
 
-class _FastSession:
-    """The Fast-AR sequence the last fast_decode call left: the values of its hidden, its
-    codes and the backend's state (K/V of those positions), so the next call of the frame
-    only appends."""
-
-    def __init__(self, hidden_values: np.ndarray, state: Any):
-        # a copy of the values: the caller may change its array (numpy or native) in place
-        self.hidden = np.array(hidden_values, dtype=np.float32, copy=True)
-        self.codes = np.zeros(0, dtype=np.int64)
-        self.state = state
-
-    def continues(self, hidden_values: np.ndarray, codes: np.ndarray) -> bool:
-        """`codes` strictly extends this sequence's codes, for a hidden of the same values."""
-        n = len(self.codes)
-        if len(codes) <= n or not np.array_equal(codes[:n], self.codes):
-            return False
-        return np.array_equal(hidden_values, self.hidden)
-
-
 class SlowARModel:
     """A loaded S2 Pro Slow-AR (+ Fast-AR) on one backend. Create it with `s2core.load()`."""
 
@@ -93,7 +75,7 @@ class SlowARModel:
         self._identity: "ModelIdentity | None" = None
         self._n_past = 0
         self._max_seq_len: int | None = None
-        self._fast: _FastSession | None = None
+        self._fast: FastSession | None = None
         # the canonical token rows behind cache positions [0, n_past), for save_prefix
         self._rows: list[np.ndarray] = []
         # the BatchedModel whose slots the backend holds (a weak reference), or None:
@@ -248,14 +230,11 @@ class SlowARModel:
         one frame); otherwise start over from the hidden state. Same numbers either way."""
         session, self._fast = self._fast, None  # stays dropped if the backend raises midway
         values = hidden if isinstance(hidden, np.ndarray) else self.backend.to_numpy(hidden)
-        if session is None or not session.continues(values, codes):
-            state, logits = self.backend.fast_start(hidden, codes)
-            session = _FastSession(values, state)
-        else:
-            session.state, logits = self.backend.fast_extend(session.state,
-                                                             codes[len(session.codes):])
-        session.codes = codes
-        self._fast = session
+        be = self.backend
+        self._fast, logits = fast_incremental(
+            session, np.asarray(values)[None], codes[None],
+            lambda new: be.fast_start(hidden, new[0]),
+            lambda state, new: be.fast_extend(state, new[0]))
         return logits
 
     # ------------------------------------------------------------------ internals

@@ -21,10 +21,11 @@ import numpy as np
 from s2core.errors import InvalidInputError
 from s2core.generation.loop import GenerationConfig
 from s2core.runtime.model import SlowARModel
+from s2core.serving.batching import BatchedModel
 from s2core.serving.request import CANCELLED, FAILED, Request
 from s2core.serving.server import Server
 
-__all__ = ["Server", "Request", "generate_many", "CANCELLED", "FAILED"]
+__all__ = ["Server", "Request", "BatchedModel", "generate_many", "CANCELLED", "FAILED"]
 
 
 def generate_many(model: SlowARModel, prompts: Sequence[Any],

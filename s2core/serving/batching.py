@@ -31,9 +31,11 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from s2core.contract import inputs
+from s2core.contract.inputs import is_integer
 from s2core.errors import (CacheAllocationError, CacheNotInitializedError, CacheOverflowError,
                      InvalidInputError, ModelBusyError, S2CoreError)
 from s2core.serving.held_voices import HeldVoice, HeldVoices
+from s2core.runtime.fast_session import FastSession, fast_incremental
 from s2core.runtime.memory import backend_kv_cache_bytes, describe_bytes
 from s2core.runtime.model import Result, SlowARModel
 
@@ -56,22 +58,6 @@ def _guarded(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class _FastBatchSession:
-    """The batched Fast-AR sequences the last fast_decode call left (as model._FastSession,
-    for B rows): the next call of the same frame only appends one code to each."""
-
-    def __init__(self, hiddens: np.ndarray, state: Any):
-        self.hiddens = hiddens.copy()
-        self.codes = np.zeros((hiddens.shape[0], 0), dtype=np.int64)
-        self.state = state
-
-    def continues(self, hiddens: np.ndarray, codes: np.ndarray) -> bool:
-        n = self.codes.shape[1]
-        return (hiddens.shape == self.hiddens.shape and codes.shape[1] > n
-                and np.array_equal(codes[:, :n], self.codes)
-                and np.array_equal(hiddens, self.hiddens))
-
-
 #: voices no slot references that a BatchedModel keeps for their next request by default
 IDLE_VOICES = 8
 
@@ -86,8 +72,7 @@ class BatchedModel:
         if not isinstance(model, SlowARModel):
             raise InvalidInputError("model", f"model must be an s2core model (s2core.load), "
                                     f"got {type(model).__name__}")
-        if isinstance(idle_voices, (bool, np.bool_)) or not isinstance(
-                idle_voices, (int, np.integer)) or idle_voices < 0:
+        if not is_integer(idle_voices) or idle_voices < 0:
             raise InvalidInputError("idle_voices", f"idle_voices must be an int >= 0, got "
                                     f"{idle_voices!r}")
         self.model = model
@@ -97,7 +82,7 @@ class BatchedModel:
         self._shared: list[int] = []  # per slot: positions of the shared prefix it references
         self._rows: list[list[np.ndarray]] = []
         self._max_seq_len: int | None = None
-        self._fast: _FastBatchSession | None = None
+        self._fast: FastSession | None = None
         self._voices = HeldVoices(int(idle_voices))
 
     # ------------------------------------------------------------------ state
@@ -145,7 +130,7 @@ class BatchedModel:
         allocated, as does an allocation that fails; either way the previous slots (or the
         model's cache) stay as they were."""
         for name, value in (("n_slots", n_slots), ("max_seq_len", max_seq_len)):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            if not is_integer(value):
                 raise InvalidInputError(f"{name}_type", f"{name} must be an int, got {value!r}")
         n_slots, max_seq_len = int(n_slots), int(max_seq_len)
         cap = self.max_batch_sequences
@@ -293,13 +278,18 @@ class BatchedModel:
 
     def _fast_incremental(self, hiddens: np.ndarray, codes: np.ndarray) -> Any:
         session, self._fast = self._fast, None  # stays dropped if the backend raises
-        if session is None or not session.continues(hiddens, codes):
-            state, logits = self.backend.fast_begin_batch(hiddens)
-            session = _FastBatchSession(hiddens, state)
-        for c in range(session.codes.shape[1], codes.shape[1]):
-            session.state, logits = self.backend.fast_extend_batch(session.state, codes[:, c])
-        session.codes = codes.copy()
-        self._fast = session
+        be = self.backend
+
+        def extend(state: Any, new: np.ndarray, logits: Any = None) -> tuple[Any, Any]:
+            for c in range(new.shape[1]):  # the batched calls take one code per row
+                state, logits = be.fast_extend_batch(state, new[:, c])
+            return state, logits
+
+        def start(new: np.ndarray) -> tuple[Any, Any]:
+            state, logits = be.fast_begin_batch(hiddens)
+            return extend(state, new, logits)
+
+        self._fast, logits = fast_incremental(session, hiddens, codes, start, extend)
         return logits
 
     # ------------------------------------------------------------------ voice prefix
@@ -446,7 +436,7 @@ class BatchedModel:
 
     def _check_slot(self, slot: Any) -> int:
         self._require_slots()
-        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
+        if not is_integer(slot):
             raise InvalidInputError("slot_type", f"a slot must be an int, got {slot!r}")
         if not 0 <= slot < self.n_slots:
             raise InvalidInputError("slot_range", f"slot {slot} is outside [0, n_slots="

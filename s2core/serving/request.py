@@ -1,8 +1,9 @@
 """One request's decoding, step by step: the loop of s2core.generation's stream, cut at the
 points where the scheduler batches the model calls of several requests.
 
-The order of every sampling decision and of every draw from the request's own generator is
-generate()'s, so a request gives the codes generate() gives it alone whenever the model's
+The server drives the request; the request knows nothing of the server but the two callables
+it is given: `drive` (run one server step, for a reader waiting on frames) and `on_cancel`.
+Each frame comes from s2core.generation.frame's rule, as in generate(), so a request gives the codes generate() gives it alone whenever the model's
 numbers are the same (always under greedy sampling on a backend whose batched rows equal its
 single rows; a batch's float32 rounding can otherwise only flip a near-tie).
 """
@@ -15,12 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from s2core.generation.loop import GenerationConfig, GenerationStats, _finite, _MainSampler
-from s2core.generation.sampling import candidates, draw
+from s2core.generation.config import GenerationConfig, GenerationStats
+from s2core.generation.frame import FrameRule
 
 if TYPE_CHECKING:
     from s2core.runtime.prefix import KVPrefix
-    from s2core.serving.server import Server
 
 #: how a request ended (GenerationStats.stopped_by): the two of generate(), and these
 CANCELLED = "cancelled"
@@ -31,9 +31,11 @@ class Request:
     """A request submitted to a `Server`: iterate it for its frames (num_codebooks,) as they
     come (iterating drives the server), `codes()` for all of them, `cancel()` to stop it."""
 
-    def __init__(self, server: "Server", prompt: np.ndarray, config: GenerationConfig,
-                 prefix: "KVPrefix | None", on_frame: Callable[[int, np.ndarray], Any] | None):
-        self._server = server
+    def __init__(self, hparams: Any, prompt: np.ndarray, config: GenerationConfig,
+                 prefix: "KVPrefix | None", on_frame: Callable[[int, np.ndarray], Any] | None,
+                 drive: Callable[[], None], on_cancel: Callable[["Request"], None]):
+        self._drive = drive
+        self._on_cancel = on_cancel
         self.prompt = prompt
         self.config = config
         self.prefix = prefix
@@ -45,11 +47,8 @@ class Request:
         self.error: BaseException | None = None
         self._cancel = False
         self._unread: deque[np.ndarray] = deque()
-        hp = server.hparams
-        self._hp = hp
-        self._rng = np.random.default_rng(config.seed)
-        self._sampler = _MainSampler(hp, config.im_end_id)
-        self._window: list[int] = []
+        self._hp = hparams
+        self._rule = FrameRule(hparams, config, self.stats)
         self._main = -1
         self._logits: np.ndarray | None = None
         self.hidden: Any = None     # the last Slow-AR hidden state (native)
@@ -60,7 +59,7 @@ class Request:
     def cancel(self) -> None:
         """Stop this request; its slot goes to the next request, the others are unaffected."""
         self._cancel = True
-        self._server._cancelled(self)
+        self._on_cancel(self)
 
     @property
     def cancelled(self) -> bool:
@@ -75,13 +74,13 @@ class Request:
                 raise self.error
             if self.done:
                 return
-            self._server.step()
+            self._drive()
 
     def codes(self) -> np.ndarray:
         """Every frame as [num_codebooks, frames] int64 (runs the server until this request
         ends)."""
         while not self.done:
-            self._server.step()
+            self._drive()
         if self.error is not None:
             raise self.error
         if not self.frames:
@@ -94,40 +93,25 @@ class Request:
         return f"Request(frames={len(self.frames)}, slot={self.slot}, {state})"
 
     # ------------------------------------------------------------------ the server's side
-    def _sample_main(self, logits: np.ndarray, frames: int, ras: bool = False) -> int:
-        t = time.perf_counter()
-        c = self.config
-        s = c.ras if ras else c.main
-        token = self._sampler(logits, frames < c.min_tokens_before_end, s, self._rng)
-        self.stats.sample_s += time.perf_counter() - t
-        return token
-
-    def _after_eval(self, result) -> None:
+    def after_eval(self, result) -> None:
         """The Slow-AR's result for this request's last row: sample the next main token; the
         request ends at <|im_end|>."""
         self._logits = result.logits
         self.hidden = result.hidden_native
-        self._main = self._sample_main(self._logits, len(self.frames))
+        self._main = self._rule.sample_main(self._logits, len(self.frames))
         if self._main == self.config.im_end_id:
-            self._finish("im_end")
+            self.finish("im_end")
 
-    def _begin_frame(self) -> None:
-        """RAS, then code 0 from the main token (generate()'s order)."""
-        c, hp, main = self.config, self._hp, self._main
-        if (c.ras_window and main in self._window
-                and hp.semantic_begin_id <= main <= hp.semantic_end_id):
-            main = self._main = self._sample_main(self._logits, len(self.frames), ras=True)
-        if c.ras_window:
-            self._window.append(main)
-            del self._window[:-c.ras_window]
-        self.codes_so_far = [min(max(main - hp.semantic_begin_id, 0), hp.codebook_size - 1)]
+    def begin_frame(self) -> None:
+        """RAS, then code 0 from the main token (the frame rule's step 2)."""
+        self._main, self.codes_so_far = self._rule.begin_frame(self._main, self._logits,
+                                                               len(self.frames))
 
-    def _add_code(self, fast_logits: np.ndarray) -> None:
-        s = self.config.codes
-        self.codes_so_far.append(int(draw(candidates(_finite(fast_logits), s.top_p, s.top_k),
-                                          s.temperature, self._rng)))
+    def add_code(self, fast_logits: np.ndarray) -> None:
+        """The next code from the Fast-AR's logits for this request's row."""
+        self.codes_so_far.append(self._rule.draw_code(fast_logits))
 
-    def _end_frame(self) -> np.ndarray:
+    def end_frame(self) -> np.ndarray:
         """The frame is complete: hand it out; the request ends at max_new_tokens, or when
         on_frame returns False."""
         frame = np.asarray(self.codes_so_far, dtype=np.int64)
@@ -141,17 +125,17 @@ class Request:
                 if self.on_frame(len(self.frames) - 1, frame) is False:
                     self._cancel = True
             except Exception as exc:  # this request's callback: it alone ends, with the error
-                self._finish(FAILED, exc)
+                self.finish(FAILED, exc)
                 return frame
         if len(self.frames) == self.config.max_new_tokens:
-            self._finish("max_new_tokens")
+            self.finish("max_new_tokens")
         return frame
 
-    def _next_row(self) -> np.ndarray:
+    def next_row(self) -> np.ndarray:
         """The row the next step evaluates: [main, codes of the last frame]."""
         return np.concatenate([[self._main], self.frames[-1]]).astype(np.int64)
 
-    def _finish(self, why: str, error: BaseException | None = None) -> None:
+    def finish(self, why: str, error: BaseException | None = None) -> None:
         if not self.done:
             self.done = True
             self.stats.stopped_by = why

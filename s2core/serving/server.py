@@ -43,9 +43,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from s2core.contract.inputs import is_integer
 from s2core.serving.batching import IDLE_VOICES, BatchedModel
 from s2core.errors import CacheAllocationError, CacheOverflowError, InvalidInputError
-from s2core.generation.loop import GenerationConfig, check_prompt
+from s2core.generation.config import GenerationConfig
+from s2core.generation.loop import check_prompt
 from s2core.runtime.model import SlowARModel
 from s2core.serving.request import CANCELLED, FAILED, Request
 
@@ -71,15 +73,13 @@ class Server:
         cap = self.batched.max_batch_sequences
         if max_sequences is None:
             max_sequences = cap
-        if isinstance(max_sequences, (bool, np.bool_)) or not isinstance(
-                max_sequences, (int, np.integer)) or not 1 <= max_sequences <= cap:
+        if not is_integer(max_sequences) or not 1 <= max_sequences <= cap:
             raise InvalidInputError("max_sequences", f"max_sequences must be an int in [1, "
                                     f"max_batch_sequences={cap}] for backend "
                                     f"{model.backend.name!r}, got {max_sequences!r}")
         if max_seq_len is not None:
             ctx = self.hparams.context_length
-            if isinstance(max_seq_len, (bool, np.bool_)) or not isinstance(
-                    max_seq_len, (int, np.integer)) or not 0 < max_seq_len <= ctx:
+            if not is_integer(max_seq_len) or not 0 < max_seq_len <= ctx:
                 raise InvalidInputError("max_seq_len_range", f"max_seq_len must be an int in "
                                         f"[1, context_length={ctx}], got {max_seq_len!r}")
         self.max_sequences = int(max_sequences)
@@ -113,7 +113,7 @@ class Server:
         if on_frame is not None and not callable(on_frame):
             raise InvalidInputError("on_frame", f"on_frame must be callable, got "
                                     f"{type(on_frame).__name__}")
-        request = Request(self, mat, config, prefix, on_frame)
+        request = Request(self.hparams, mat, config, prefix, on_frame, self.step, self._cancelled)
         self._waiting.append(request)
         return request
 
@@ -133,7 +133,7 @@ class Server:
         if request.slot is None:
             if request in self._waiting:
                 self._waiting.remove(request)
-            request._finish(CANCELLED)
+            request.finish(CANCELLED)
         # a running request leaves at the next point where its slot is not in use
 
     # ------------------------------------------------------------------ one step
@@ -150,7 +150,7 @@ class Server:
             # The backend's state for the running requests is no longer known to match
             # theirs: they end with the error; waiting requests stay queued.
             for request in list(self._running.values()):
-                request._finish(FAILED, exc)
+                request.finish(FAILED, exc)
             for slot in list(self._running):
                 with contextlib.suppress(Exception):  # best effort: its voice is idle again
                     self.batched.reset_slot(slot)
@@ -191,7 +191,7 @@ class Server:
                 if self._voices_in_use():
                     self._waiting.appendleft(request)  # room comes when they leave
                     break
-                request._finish(FAILED, exc)  # it would not fit with no other voice either
+                request.finish(FAILED, exc)  # it would not fit with no other voice either
 
     def _voices_in_use(self) -> bool:
         """A running request references a voice the backend holds for it (one that will be
@@ -214,7 +214,7 @@ class Server:
         (result,) = b.eval([(slot, rest)])
         st.prefill_s = time.perf_counter() - t
         st.prefilled_positions = len(rest)
-        request._after_eval(result)
+        request.after_eval(result)
 
     def _restore(self, slot: int, prefix: "KVPrefix", st) -> None:
         how = self.batched.restore_prefix(slot, prefix)
@@ -229,34 +229,34 @@ class Server:
             return
         t = time.perf_counter()
         for r in running:
-            r._begin_frame()
+            r.begin_frame()
         hiddens = [self.model.backend.to_numpy(r.hidden) for r in running]
         for _ in range(1, self.hparams.num_codebooks):
             logits = self.batched.fast_decode(hiddens, [r.codes_so_far for r in running])
             for r, row in zip(running, logits):
-                r._add_code(row)
+                r.add_code(row)
         dt = time.perf_counter() - t
         for r in running:
             r.stats.fast_decode_s.append(dt)
-            r._end_frame()
+            r.end_frame()
 
     def _evaluate(self) -> None:
         running = [r for r in self._running.values() if not r.done and not r.cancelled]
         if not running:
             return
         t = time.perf_counter()
-        results = self.batched.eval([(r.slot, r._next_row()) for r in running])
+        results = self.batched.eval([(r.slot, r.next_row()) for r in running])
         dt = time.perf_counter() - t
         self.step_times.append((len(running), dt))
         for r, result in zip(running, results):
             r.stats.step_s.append(dt)
-            r._after_eval(result)
+            r.after_eval(result)
 
     def _retire(self) -> None:
         """Requests that ended or were cancelled leave; their slots are free again."""
         for slot, r in list(self._running.items()):
             if r.cancelled and not r.done:
-                r._finish(CANCELLED)
+                r.finish(CANCELLED)
             if r.done:
                 del self._running[slot]
                 r.slot = None
@@ -266,7 +266,7 @@ class Server:
     def close(self) -> None:
         """Cancel everything and free the slots."""
         for r in list(self._waiting) + list(self._running.values()):
-            r._finish(CANCELLED)
+            r.finish(CANCELLED)
         self._waiting.clear()
         self._running.clear()
         self.batched.close()

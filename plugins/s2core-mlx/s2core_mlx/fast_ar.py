@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
-from s2core.plugin import load_fast_ar
+from s2core.plugin import load_block, load_fast_ar
 
-from .layers import (BlockWeights, attend, attention_inputs, finish_block, project_qkv, rotate,
+from .layers import (attend, attention_inputs, finish_block, project_qkv, rotate,
                      split_heads)
 from .weights import WeightLoader
 
@@ -43,7 +43,7 @@ class FastDecoder:
     def __init__(self, loader: WeightLoader):
         f = loader.model_file.hparams.fast
         weights = load_fast_ar(f, loader.matrix, loader.vector,
-                               lambda prefix, qk: BlockWeights.load(loader, prefix, qk))
+                               lambda prefix, qk: load_block(prefix, qk, loader.matrix, loader.vector))
         self.project_in, self.embeddings, self.norm, self.output, self.layers = weights
         self.shape = f.stack
 

@@ -9,30 +9,11 @@ each for the batched Fast-AR.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import mlx.core as mx
 from s2core.plugin import StackShape
-from s2core.plugin import load_block
+from s2core.plugin import BlockWeights
 
-from .weights import Matrix, WeightLoader
-
-
-@dataclass(frozen=True)
-class BlockWeights:
-    attn_norm: mx.array
-    ffn_norm: mx.array
-    wqkv: Matrix
-    wo: Matrix
-    w1: Matrix
-    w3: Matrix
-    w2: Matrix
-    q_norm: mx.array | None
-    k_norm: mx.array | None
-
-    @classmethod
-    def load(cls, loader: WeightLoader, prefix: str, qk_norm: bool) -> "BlockWeights":
-        return cls(**load_block(prefix, qk_norm, loader.matrix, loader.vector))
 
 
 def attention_inputs(x: mx.array, blk: BlockWeights, s: StackShape, first_position: int

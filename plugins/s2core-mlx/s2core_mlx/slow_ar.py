@@ -11,10 +11,10 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from s2core.plugin import EvalBatch
+from s2core.plugin import EvalBatch, load_block
 
 from .kv_cache import KVCache
-from .layers import BlockWeights, attend, finish_block, project_qkv, sequence_heads
+from .layers import attend, finish_block, project_qkv, sequence_heads
 from .weights import WeightLoader
 
 
@@ -25,7 +25,7 @@ class SlowAR:
         self.embeddings = loader.matrix("embeddings.weight")
         self.codebooks = loader.matrix("codebook_embeddings.weight")
         self.norm = loader.vector("norm.weight")
-        self.layers = [BlockWeights.load(loader, f"layers.{i}", hp.attention_qk_norm)
+        self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, loader.matrix, loader.vector)
                        for i in range(hp.n_layer)]
         self.shape = hp.stack
         self.num_codebooks = hp.num_codebooks

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.serving.batching import BatchedModel
+from s2core.serving import BatchedModel
 from s2core.kit.batching_rules import voice_prefix
 from s2core.kit.models import kit_model
-from s2core.runtime.memory import backend_kv_cache_bytes
+from s2core.kit import backend_kv_cache_bytes
 from s2core.kit.prompts import mixed_prompt, semantic_frame
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from s2core.modelfile.file import ModelFile
+from s2core.plugin import ModelFile
 from s2core.kit.models import kit_model
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import s2core
-from s2core.contract.plugin_spec import ENTRY_POINT_GROUP
-from s2core.contract.registry import Registry
+from s2core.plugin import ENTRY_POINT_GROUP
+from s2core.kit import Registry
 
 plugin = pytest.importorskip("s2core_mlx.plugin", reason="the s2core-mlx plugin is not installed "
                              "(pip install ./plugins/s2core-mlx)")

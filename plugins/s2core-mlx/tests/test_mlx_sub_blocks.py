@@ -11,10 +11,10 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import s2core
-from s2core.gguf.blocks import NonFiniteScalesWarning
+from s2core.plugin import NonFiniteScalesWarning
 from s2core.kit.conformance import prompt_and_frames, rel_err
 from s2core.kit.models import kit_model, kit_reference
-from s2core.testing.blocks import random_blocks, set_scale
+from s2core.kit import random_blocks, set_scale
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import s2core
-from s2core.modelfile.file import ModelFile
+from s2core.plugin import ModelFile
 from s2core.kit.conformance import prompt_and_frames
 from s2core.kit.models import kit_model
-from s2core.embedded.writer import tiny_hparams, write_model
+from s2core.kit import tiny_hparams, write_model
 
 mx = pytest.importorskip("mlx.core", reason="mlx is not installed (pip install 'mlx[cpu]')")
 

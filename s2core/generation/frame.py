@@ -1,0 +1,92 @@
+"""The frame rule (SPEC 6): how one Slow-AR step's logits become one frame of codes, in
+s2.cpp's order. `generate()`/`stream()` and the server's requests both run it, so a served
+request gives generate()'s codes for the same seed and numbers.
+
+Per frame, every draw from the synthesis's one generator comes in this order:
+1. the main token from the step's logits, over the semantic ids and <|im_end|> (<|im_end|>
+   masked before `min_tokens_before_end` frames) -- `sample_main`;
+2. RAS: a semantic main token already among the last `ras_window` frames' is drawn again from
+   the same logits at the RAS settings; then code 0 = main - semantic_begin_id, clamped into
+   the codebook -- `begin_frame`;
+3. codes 1..C-1, each drawn from the Fast-AR's logits after the codes before it --
+   `draw_code`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from s2core.generation.config import GenerationConfig, GenerationStats, Sampling
+from s2core.generation.sampling import candidates, draw
+
+
+class _MainSampler:
+    """The main token: logits + the semantic/<|im_end|> mask, sampled with `s`.
+
+    Only the allowed ids are handed to the sampler (sorted ascending, so ties break by id as
+    over the whole masked vocab): the masked ones are -inf there and never survive."""
+
+    def __init__(self, hp, im_end_id: int):
+        last = min(hp.semantic_end_id, hp.vocab_size - 1)
+        semantic = np.arange(hp.semantic_begin_id, last + 1, dtype=np.int64)
+        self.im_end_id = im_end_id
+        self.without_end = semantic[semantic != im_end_id]
+        self.with_end = np.union1d(semantic, [im_end_id]).astype(np.int64)
+
+    def __call__(self, logits: np.ndarray, block_end: bool, s: Sampling,
+                 rng: np.random.Generator) -> int:
+        ids = self.without_end if block_end else self.with_end
+        sub = np.asarray(logits[ids], dtype=np.float32)
+        if np.isnan(sub).any() or not np.isfinite(sub).any():
+            raise FloatingPointError(f"the model's logits over the allowed ids are not usable "
+                                     f"(NaN or all -inf): {sub[:8]}...")
+        return int(ids[draw(candidates(sub, s.top_p, s.top_k), s.temperature, rng)])
+
+
+def _finite(logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, dtype=np.float32)
+    if np.isnan(x).any() or not np.isfinite(x).any():
+        raise FloatingPointError("the Fast-AR's logits are NaN or all infinite")
+    return x
+
+
+class FrameRule:
+    """One synthesis's sampling state: its generator (seeded by config.seed), the RAS window,
+    and the time spent sampling main tokens (added to stats.sample_s)."""
+
+    def __init__(self, hp, config: GenerationConfig, stats: GenerationStats):
+        self._hp = hp
+        self._config = config
+        self._stats = stats
+        self._rng = np.random.default_rng(config.seed)
+        self._main_sampler = _MainSampler(hp, config.im_end_id)
+        self._window: list[int] = []
+
+    def sample_main(self, logits: np.ndarray, frames: int, ras: bool = False) -> int:
+        """Step 1 (or the RAS draw of step 2): the main token after `frames` frames."""
+        t = time.perf_counter()
+        c = self._config
+        token = self._main_sampler(logits, frames < c.min_tokens_before_end,
+                                   c.ras if ras else c.main, self._rng)
+        self._stats.sample_s += time.perf_counter() - t
+        return token
+
+    def begin_frame(self, main: int, logits: np.ndarray, frames: int) -> tuple[int, list[int]]:
+        """Step 2: RAS on `main` (drawn from `logits`), then code 0. Returns the frame's main
+        token (the one the next step is fed) and its codes so far, [code 0]."""
+        c, hp = self._config, self._hp
+        if (c.ras_window and main in self._window
+                and hp.semantic_begin_id <= main <= hp.semantic_end_id):
+            main = self.sample_main(logits, frames, ras=True)
+        if c.ras_window:
+            self._window.append(main)
+            del self._window[:-c.ras_window]
+        return main, [min(max(main - hp.semantic_begin_id, 0), hp.codebook_size - 1)]
+
+    def draw_code(self, fast_logits: np.ndarray) -> int:
+        """Step 3: the next code from the Fast-AR's logits."""
+        s = self._config.codes
+        return int(draw(candidates(_finite(fast_logits), s.top_p, s.top_k), s.temperature,
+                        self._rng))
