@@ -22,12 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="s2core bench",
         description="Measure every available backend on S2 Pro-shaped models: load, memory, "
                     "prefill, decode step (against the memory-bandwidth floor) and Fast-AR.")
-    p.add_argument("--case", choices=("backends", "voice", "batch"), default="backends",
+    p.add_argument("--case", choices=("backends", "voice", "batch", "http"), default="backends",
                    help="backends: load, prefill, decode step, Fast-AR per backend (default); "
                         "voice: time to first frame with a cold prompt vs a restored voice "
                         "prefix (types default f16); batch: aggregate frames/s of 1, 2, 4 and "
                         "8 concurrent sequences through s2core.serving (types default "
-                        "f16,q8_0)")
+                        "f16,q8_0); http: 1, 4 and 16 streaming clients over HTTP against "
+                        "generate_many in process (types default q8_0)")
     p.add_argument("--layers", type=int,
                    help="Slow-AR layers of the model (default 4; 1 with --quick)")
     p.add_argument("--types", type=_csv,
@@ -66,6 +67,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.case == "batch" and args.types is None:
         from s2core.benchmarking.batch import DEFAULT_TYPES as BATCH_TYPES
         fields["types"] = BATCH_TYPES
+    if args.case == "http" and args.types is None:
+        from s2core.benchmarking.http import DEFAULT_TYPES as HTTP_TYPES
+        fields["types"] = HTTP_TYPES
     if args.quick:
         return BenchConfig.quick_run(**fields)
     return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
@@ -102,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.case == "batch":
         from s2core.benchmarking.batch import run_batch_benchmark, write_outputs as write_batch
         return write_batch(run_batch_benchmark(cfg, _say), cfg.out_dir)
+
+    if args.case == "http":
+        from s2core.benchmarking.http import run_http_benchmark, write_outputs as write_http
+        return write_http(run_http_benchmark(cfg, _say), cfg.out_dir)
 
     from s2core.benchmarking.runner import run_benchmark
 

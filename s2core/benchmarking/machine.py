@@ -38,6 +38,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: the CPU flags that decide which kernels run fast (vector widths, FMA, half floats)
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+              "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "asimd", "fphp", "asimdhp",
+              "sve", "sve2")
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD flags /proc/cpuinfo lists (empty where there is none to read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return [flag for flag in SIMD_FLAGS if flag in have]
+    except OSError:
+        pass
+    return []
+
+
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -66,6 +85,7 @@ def describe() -> dict[str, Any]:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpu_cores_logical": os.cpu_count(),
         "cpu_cores_physical": psutil.cpu_count(logical=False),
         "cpus_usable": usable,

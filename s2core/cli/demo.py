@@ -29,12 +29,12 @@ import s2core
 
 from s2core.codec.audio import WavWriter, write_wav
 from s2core.codec.codes_file import write_codes
-from s2core.embedded.cache import cache_dir, cached_model, model_path
-from s2core.embedded.codec_writer import demo_codec_config
-from s2core.embedded.tokenizer import cached_tokenizer
+from s2core.embedded.cache import cache_dir
+from s2core.embedded.default import (DEFAULT_REFERENCE_FRAMES, DEFAULT_TRANSCRIPT,
+                                     default_model_files, default_model_is_cached,
+                                     default_reference)
 from s2core.embedded.writer import demo_hparams
 from s2core.generation.loop import GenerationConfig
-from s2core.modelfile.hparams import Hparams
 from s2core.cli.progress import Progress
 from s2core.cli.speak import FrameProgress, report_lines
 from s2core.speak.pipeline import SpeakResult, speak
@@ -43,18 +43,14 @@ from s2core.text.tokenizer import Tokenizer
 from s2core.voice.library import VoiceLibrary
 
 DEMO_TEXT = "Hello! This is s2core speaking with its embedded model."
-DEMO_TRANSCRIPT = "This is the voice the demo speaks with."
+DEMO_TRANSCRIPT = DEFAULT_TRANSCRIPT
 DEMO_VOICE = "demo"
-#: frames of the demo's reference voice (about 2.2 s of audio)
-DEMO_REFERENCE_FRAMES = 48
+DEMO_REFERENCE_FRAMES = DEFAULT_REFERENCE_FRAMES
 #: where the demo's speech goes (the current directory)
 DEMO_WAV = "s2core-demo.wav"
 
 
-def demo_reference(hp: Hparams, seed: int = 1234) -> np.ndarray:
-    """The demo voice's codes [num_codebooks, T] (random: the embedded model is random too)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, hp.codebook_size, (hp.num_codebooks, DEMO_REFERENCE_FRAMES))
+demo_reference = default_reference
 
 
 @dataclass
@@ -73,12 +69,10 @@ class DemoReport:
 
 def demo_assets(weight_type: str = "f16", seed: int = 0) -> tuple[Path, Path, bool, float]:
     """(model path, tokenizer path, model was cached, seconds to write or find them)."""
-    hp, codec = demo_hparams(), demo_codec_config()
-    from_cache = model_path(hp, weight_type, seed=seed, stem="demo", codec=codec).exists()
+    from_cache = default_model_is_cached(weight_type, seed)
     t = time.perf_counter()
-    path = cached_model(hp, weight_type, seed=seed, stem="demo", codec=codec,
-                        progress=Progress("writing model and codec", 1))
-    tok_path = cached_tokenizer(hp, stem="demo-tokenizer")
+    path, tok_path = default_model_files(weight_type, seed,
+                                         progress=Progress("writing model and codec", 1))
     return path, tok_path, from_cache, time.perf_counter() - t
 
 

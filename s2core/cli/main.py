@@ -1,4 +1,4 @@
-"""The `s2core` command: backends, info, demo, speak, voices, bench, decode, encode."""
+"""The `s2core` command: backends, info, demo, speak, serve, voices, bench, decode, encode."""
 
 from __future__ import annotations
 
@@ -157,6 +157,11 @@ def cmd_speak(args: argparse.Namespace) -> int:
     return run_command(args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from s2core.cli.serve import run_command
+    return run_command(args)
+
+
 def cmd_voices(args: argparse.Namespace) -> int:
     from s2core.voice.library import list_command
     return list_command(args.voices_dir, sys.stdout)
@@ -192,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("speak", help="text (and a reference voice) to speech (WAV) or codes")
     from s2core.cli.speak import add_arguments
     add_arguments(s)
+    sv = sub.add_parser("serve", help="serve the model over HTTP (OpenAI, fish-speech and "
+                        "s2.cpp protocols, a page to try it)")
+    from s2core.cli.serve import add_arguments as add_serve_arguments
+    add_serve_arguments(sv)
     sub.add_parser("bench", help="benchmarks (see `s2core bench --help`)", add_help=False)
     codec_commands.add_parsers(sub)
     return p
@@ -205,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         commands = {"backends": cmd_backends, "info": cmd_info, "demo": cmd_demo,
-                    "speak": cmd_speak, "voices": cmd_voices, **codec_commands.COMMANDS}
+                    "speak": cmd_speak, "serve": cmd_serve, "voices": cmd_voices, **codec_commands.COMMANDS}
         return commands[args.command](args)
     except S2CoreError as exc:
         print(f"s2core: error: {_one_line(str(exc))}", file=sys.stderr)

@@ -124,7 +124,7 @@ def speak(model: SlowARModel, tokenizer: Tokenizer, text: str, *,
         say(f"voice saved: {report.saved_voice}")
     prefix = None
     if report.voice_path is not None:
-        prefix = _voice_prefix(model, library, report, prefix_rows, say)
+        prefix = stored_or_computed_prefix(model, library, report, prefix_rows, say)
 
     stats = GenerationStats()
     frames = []
@@ -148,9 +148,12 @@ def speak(model: SlowARModel, tokenizer: Tokenizer, text: str, *,
     return result
 
 
-def _voice_prefix(model: SlowARModel, library: VoiceLibrary, report: VoiceReport,
-                  rows: np.ndarray, say: Callable[[str], None]) -> KVPrefix:
-    """The stored prefix when it fits this model and these rows; else prefill it and store it."""
+def stored_or_computed_prefix(model: SlowARModel, library: VoiceLibrary, report: VoiceReport,
+                              rows: np.ndarray, say: Callable[[str], None] = lambda msg: None
+                              ) -> KVPrefix:
+    """The voice prefix of `report.voice_path`: the stored one when it fits this model and
+    these rows; else prefilled now (with the model's own single-sequence cache, so nothing
+    else may use the model meanwhile) and stored for the next time."""
     dtype = model.capabilities.kv_cache_dtype
     report.prefix_path = library.prefix_path(report.voice_path, model.identity, dtype)
     report.prefix_positions = len(rows)
