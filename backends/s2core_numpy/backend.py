@@ -38,7 +38,8 @@ from s2core.plugin import load_block, load_fast_ar
 from . import ops
 from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, numpy_capabilities
-from .weights import Weight, WeightLoader, gather, linear, numba_kernels_possible
+from .weights import (Weight, WeightLoader, arithmetic_for, gather, linear,
+                      numba_kernels_possible)
 
 
 @dataclass
@@ -132,7 +133,7 @@ class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
-                 numba_kernels: bool | None = None):
+                 numba_kernels: bool | None = None, arithmetic: str | None = None):
         """numba_kernels: keep F16, Q8_0 and block-quantized matrices in their file type and
         compute from them with numba; None = when numba is installed, False = widen them to
         float32."""
@@ -144,12 +145,13 @@ class NumpyBackend(Backend):
         elif numba_kernels and not numba_kernels_possible():
             raise InvalidInputError("numba_kernels", "numba_kernels=True needs numba "
                                     "(pip install 's2core[fast]')")
-        self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels)
+        arithmetic = arithmetic_for(arithmetic)
+        self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels, arithmetic)
         self._numba = numba_kernels
         self.row_ops = self._row_ops(numba_kernels)
         self._round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
-        wl = WeightLoader(model_file, numba_kernels)
+        wl = WeightLoader(model_file, numba_kernels, arithmetic)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
         self.norm = wl.vector("norm.weight")
         self.layers = [BlockWeights.load(wl, f"layers.{i}", hp.attention_qk_norm)
