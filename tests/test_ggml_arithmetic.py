@@ -145,3 +145,25 @@ def test_capabilities_validate_arithmetics():
                 {"arithmetics": ("f32",), "arithmetic": "ggml"}):
         with pytest.raises(InvalidInputError):
             dataclasses.replace(caps, **bad)
+
+
+def test_f32_files_compute_the_same_in_both_arithmetics():
+    """s2.cpp's own vector (an F32 file): ggml feeds F32 weights float32 activations, so
+    arithmetic="ggml" changes nothing there (and keeps that vector's 5e-6 fidelity)."""
+    import json
+    from conftest import S2CPP_VECTOR
+    folder = S2CPP_VECTOR / "s1_prefill_steps"
+    calls = json.loads((folder / "scenario.json").read_text())["calls"]
+    outputs = {}
+    for arithmetic in ("f32", "ggml"):
+        m = s2core.load(S2CPP_VECTOR / "tiny_f32.gguf", backend="numpy", arithmetic=arithmetic)
+        m.init_kv_cache(128)
+        got = []
+        for call in calls:
+            if call["op"] in ("prefill_fast", "step"):
+                tokens = np.load(folder / call["tokens"])
+                r = m.prefill_fast(tokens) if call["op"] == "prefill_fast" else m.step(tokens[0])
+                got.append(r.logits)
+        outputs[arithmetic] = np.stack(got)
+        m.close()
+    np.testing.assert_array_equal(outputs["f32"], outputs["ggml"])
