@@ -18,8 +18,13 @@ import s2core
 from s2core.embedded.kquants import quantize_k
 from s2core.errors import InvalidInputError
 from s2core.kit.arithmetic import row_errors
-from s2core.kit.ggml_arithmetic import (activation_row, block_mins_of, ggml_product,
-                                        quantize_q8_0_block, quantize_q8_k_block)
+from s2core.kit.ggml_arithmetic import (
+    activation_row,
+    block_mins_of,
+    ggml_product,
+    quantize_q8_0_block,
+    quantize_q8_k_block,
+)
 from s2core.kit.models import CONFIGS, kit_model, kit_reference
 from s2core.kit.prompts import mixed_prompt
 from s2core.plugin import Capabilities, block_shape
@@ -151,6 +156,7 @@ def test_f32_files_compute_the_same_in_both_arithmetics():
     """s2.cpp's own vector (an F32 file): ggml feeds F32 weights float32 activations, so
     arithmetic="ggml" changes nothing there (and keeps that vector's 5e-6 fidelity)."""
     import json
+
     from conftest import S2CPP_VECTOR
     folder = S2CPP_VECTOR / "s1_prefill_steps"
     calls = json.loads((folder / "scenario.json").read_text())["calls"]

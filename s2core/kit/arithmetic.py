@@ -23,7 +23,7 @@ import pytest
 import s2core
 from s2core.kit.models import CONFIGS, MATRIX, MATRIX_IDS, kit_reference
 from s2core.kit.prompts import mixed_prompt
-from s2core.kit.tolerances import COMPUTE, CACHE_KV
+from s2core.kit.tolerances import CACHE_KV, COMPUTE
 
 #: every cached row within this of the reference: one rounding flip's worth (see above)
 FLIP_BOUND = 5e-2

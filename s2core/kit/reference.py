@@ -104,7 +104,7 @@ class _Stack:
         q_size, kv_size = nh * hd, nkv * hd
         ks, vs = [], []
         for i, layer in enumerate(self.layers):
-            def mm(a: np.ndarray, key: str) -> np.ndarray:
+            def mm(a: np.ndarray, key: str, layer: dict = layer, i: int = i) -> np.ndarray:
                 return self.products(a, layer[key], f"{self.prefix}.{i}.{key}.weight")
             a = _rms_norm(x, layer["attention_norm"], self.eps)
             qkv = mm(a, "attention.wqkv")
