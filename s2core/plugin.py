@@ -6,7 +6,8 @@ Backends and plugins (the built-in NumPy and torch ones included) import the cor
 here and from `s2core.errors`, plus `s2core.kit` in their tests; everything else in s2core may
 move between releases. docs/contract.md describes each name.
 
-- The Slow-AR contract: `Backend`, `Capabilities`, `EvalBatch`, `check_option`.
+- The Slow-AR contract: `Backend`, `Capabilities`, `EvalBatch`, `check_option`, and
+  `ARITHMETICS` (the values of `Capabilities.arithmetics`).
 - Registration: `hookimpl`, `BackendSpec`, `Probe`, `Option`, and `ENTRY_POINT_GROUP` (the
   entry-point group a plugin's package declares).
 - The model file: `ModelFile`, `Hparams`, `FastHparams`, `StackShape`, the block record
@@ -26,7 +27,7 @@ from s2core.codec.backend import CodecBackend, CodecCapabilities
 from s2core.codec.file import CodecFile
 from s2core.codec.layout import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Transformer
 from s2core.codec.streaming import DecodeState, HistoryPass
-from s2core.contract.backend import Backend, Capabilities, check_option
+from s2core.contract.backend import ARITHMETICS, Backend, Capabilities, check_option
 from s2core.contract.host import available_host_memory_bytes, host_memory_bytes
 from s2core.contract.inputs import EvalBatch
 from s2core.contract.plugin_spec import ENTRY_POINT_GROUP, BackendSpec, Option, Probe, hookimpl
@@ -39,7 +40,7 @@ from s2core.modelfile.hparams import FastHparams, Hparams, StackShape
 from s2core.modelfile.layout import BlockWeights, load_block, load_fast_ar
 
 __all__ = [
-    "Backend", "Capabilities", "EvalBatch", "check_option",
+    "Backend", "Capabilities", "EvalBatch", "check_option", "ARITHMETICS",
     "hookimpl", "BackendSpec", "Probe", "Option", "ENTRY_POINT_GROUP",
     "ModelFile", "Hparams", "FastHparams", "StackShape", "BlockWeights", "load_block",
     "load_fast_ar",

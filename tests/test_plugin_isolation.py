@@ -302,7 +302,7 @@ def test_load_with_a_non_string_backend_is_an_input_error(tiny_model, bad):
 
 def test_registry_rows_show_options(tiny_model):
     row = get_registry().info("numpy")
-    assert [o.name for o in row.options] == ["kv_cache_dtype", "numba_kernels"]
+    assert [o.name for o in row.options] == ["kv_cache_dtype", "numba_kernels", "arithmetic"]
     assert row.as_dict()["options"]["kv_cache_dtype"]["allowed"] == "'f16' | 'f32'"
     with warnings.catch_warnings():
         warnings.simplefilter("error")

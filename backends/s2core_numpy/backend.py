@@ -38,14 +38,14 @@ from .fast_ar import FastDecoder, FastState
 from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, numpy_capabilities
-from .weights import WeightLoader, linear, numba_kernels_possible
+from .weights import WeightLoader, arithmetic_for, linear, numba_kernels_possible
 
 
 class NumpyBackend(Backend):
     name = "numpy"
 
     def __init__(self, model_file: ModelFile, kv_cache_dtype: str = "f16",
-                 numba_kernels: bool | None = None):
+                 numba_kernels: bool | None = None, arithmetic: str | None = None):
         """numba_kernels: keep F16, Q8_0 and block-quantized matrices in their file type and
         compute from them with numba; None = when numba is installed, False = widen them to
         float32."""
@@ -57,12 +57,13 @@ class NumpyBackend(Backend):
         elif numba_kernels and not numba_kernels_possible():
             raise InvalidInputError("numba_kernels", "numba_kernels=True needs numba "
                                     "(pip install 's2core[fast]')")
-        self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels)
+        arithmetic = arithmetic_for(arithmetic)
+        self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels, arithmetic)
         self._numba = numba_kernels
         self.row_ops = self._row_ops(numba_kernels)
         self.round_f16 = kv_cache_dtype == "f16"
         hp = self.hparams
-        wl = WeightLoader(model_file, numba_kernels)
+        wl = WeightLoader(model_file, numba_kernels, arithmetic)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
         self.norm = wl.vector("norm.weight")
         self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, wl.matrix, wl.vector)

@@ -46,11 +46,17 @@ def numpy_codec_capabilities() -> CodecCapabilities:
                              priority=CODEC_PRIORITY)
 
 
-def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None
-                       ) -> Capabilities:
+#: the arithmetic a load uses when none is named (act_quant.py; README "Arithmetic"): "f32",
+#: since rounding the activation costs a little time and the kernels still multiply in float32
+DEFAULT_ARITHMETIC = "f32"
+
+
+def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None,
+                       arithmetic: str = DEFAULT_ARITHMETIC) -> Capabilities:
     """numba_kernels: F16, Q8_0 and block-quantized matrices kept in their file type; None =
     when numba is there. An F16 cache is held in float32 (f16-rounded values) so attention
-    reads it in place."""
+    reads it in place. arithmetic: "ggml" (s2.cpp's activation rounding, act_quant.py) or
+    "f32"."""
     if numba_kernels is None:
         numba_kernels = numba_available()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
@@ -63,7 +69,9 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
                         writes_kv_cache=True,
                         native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
                         if numba_kernels else (), codec=numpy_codec_capabilities(),
-                        max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True)
+                        max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
+                        arithmetics=("ggml", "f32"),
+                        arithmetic=arithmetic)
 
 
 def probe() -> Probe:
@@ -82,6 +90,10 @@ OPTIONS = (
     Option("numba_kernels", choices=(None, True, False), default=None,
            doc="keep F16, Q8_0 and block-quantized matrices as stored and compute from them "
                "with numba (None: when numba is installed; False: widen them to float32)"),
+    Option("arithmetic", choices=(None, "ggml", "f32"), default=None,
+           doc="products with non-F32 weights: \"ggml\" rounds the activation as s2.cpp does "
+               "(8-bit blocks, f16 for F16 weights), \"f32\" feeds it as float32 "
+               "(None: the default, \"f32\")"),
 )
 
 

@@ -16,7 +16,9 @@ from gguf import GGMLQuantizationType as QT
 from s2core.plugin import NonFiniteScalesWarning, non_finite_scale_blocks
 from s2core.plugin import ModelFile
 
-from .plugin import NUMBA_BLOCK_TYPES, numba_available
+from s2core.plugin import check_option
+
+from .plugin import DEFAULT_ARITHMETIC, NUMBA_BLOCK_TYPES, numba_available
 
 #: turn the numba kernels off for the whole process (tests of the fallback path; the
 #: `numba_kernels=False` backend option does it for one backend)
@@ -29,22 +31,42 @@ def numba_kernels_possible() -> bool:
     return USE_NUMBA and numba_available()
 
 
+def arithmetic_for(arithmetic: str | None) -> str:
+    """The arithmetic a load uses: the one named, else the default. "ggml" works on kept and
+    widened weights alike: it rounds the activation by the file's type of the weight."""
+    check_option("arithmetic", arithmetic, (None, "ggml", "f32"))
+    return DEFAULT_ARITHMETIC if arithmetic is None else arithmetic
+
+
 class WeightLoader:
     """Loads one tensor at a time, so at most one tensor's copy is in flight."""
 
-    def __init__(self, mf: ModelFile, numba_kernels: bool):
+    def __init__(self, mf: ModelFile, numba_kernels: bool, arithmetic: str = "f32"):
         self.mf = mf
         self.numba_kernels = numba_kernels
+        #: "ggml": products round their activation as s2.cpp's ggml does (act_quant.py)
+        self.arithmetic = arithmetic
         #: tensors of a kept type widened anyway (an infinite or NaN value or scale)
         self.widened_non_finite: list[str] = []
 
     def matrix(self, name: str) -> Weight:
         """A matrix used in products (and maybe row lookups)."""
+        qtype = self.mf.info(name).type
+        mins = None
+        if self.arithmetic == "ggml" and qtype in (QT.Q4_1, QT.Q5_1):
+            from .act_quant import block_mins  # read before the file's pages are released
+            mins = block_mins(self.mf.raw(name), qtype)
         packed = self._packed(name) if self.numba_kernels else None
         if packed is not None:
             self.mf.release(name)  # the values were copied into the tiled layout
-            return packed
-        return self.vector(name)
+            weight = packed
+        else:
+            weight = self.vector(name)
+        if self.arithmetic == "ggml":
+            from .act_quant import DOT_TYPE, ActivationRounded
+            if qtype in DOT_TYPE:
+                return ActivationRounded(weight, DOT_TYPE[qtype], mins)
+        return weight
 
     def _packed(self, name: str) -> Weight | None:
         # numba is imported here, on the first such tensor: never at probe time, and not at

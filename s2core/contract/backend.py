@@ -25,6 +25,9 @@ from s2core.contract.host import host_memory_bytes
 
 CACHE_DTYPES = ("f16", "bf16", "f32")
 COMPUTE_DTYPES = ("f32", "f16", "bf16")
+#: how products with non-F32 weights treat their activation: "f32" feeds it as float32;
+#: "ggml" rounds it as s2.cpp's ggml does (8-bit blocks for quantized weights, f16 for F16)
+ARITHMETICS = ("ggml", "f32")
 #: every GGUF tensor type's lower-case name ("f16", "q8_0", "q4_k", ...)
 GGUF_TYPE_NAMES = frozenset(t.name.lower() for t in GGMLQuantizationType)
 
@@ -77,6 +80,10 @@ class Capabilities:
     #: K/V once, and a voice no slot references can be dropped. Without
     #: it the core copies the prefix's K/V into each slot (writes_kv_cache) or recomputes it
     shares_kv_prefix: bool = False
+    #: every arithmetic this backend offers (the core's `arithmetic=` load option, ARITHMETICS)
+    arithmetics: tuple[str, ...] = ("f32",)
+    #: the one this instance computes with (a probe states the backend's default)
+    arithmetic: str = "f32"
 
     def __post_init__(self):
         # Sets and lists where frozensets and tuples are meant are taken as such.
@@ -84,7 +91,7 @@ class Capabilities:
             value = getattr(self, name)
             if isinstance(value, (set, list, tuple)):
                 object.__setattr__(self, name, frozenset(value))
-        for name in ("supported_kv_cache_dtypes", "native_weight_overhead"):
+        for name in ("supported_kv_cache_dtypes", "native_weight_overhead", "arithmetics"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -138,6 +145,11 @@ class Capabilities:
                 and math.isfinite(e[1]) and e[1] > 0 for e in overhead)):
             p.append(f"native_weight_overhead={overhead!r} is not a tuple of (type name, "
                      "positive factor)")
+        if not (isinstance(self.arithmetics, tuple) and self.arithmetics
+                and all(a in ARITHMETICS for a in self.arithmetics)):
+            p.append(f"arithmetics={self.arithmetics!r} is not a non-empty tuple of {ARITHMETICS}")
+        elif self.arithmetic not in self.arithmetics:
+            p.append(f"arithmetic={self.arithmetic!r} is not among the offered {self.arithmetics}")
         if not (is_int(self.max_batch_sequences) and self.max_batch_sequences >= 1):
             p.append(f"max_batch_sequences={self.max_batch_sequences!r} is not an int >= 1")
         if not (self.codec is None or isinstance(self.codec, CodecCapabilities)):

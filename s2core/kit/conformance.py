@@ -27,6 +27,7 @@ from s2core.errors import (CacheNotInitializedError, CacheOverflowError, Invalid
                            InvalidTokensError)
 from s2core.kit.prompts import mixed_prompt, semantic_frame
 
+from s2core.kit.arithmetic import ArithmeticConformance
 from s2core.kit.batching import BatchingConformance
 from s2core.kit.models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_reference
 from s2core.kit.prefix_stream import PrefixAndStreamConformance
@@ -120,11 +121,12 @@ _CASE_IDS = [c[0] for c in _bad_cases(CONFIGS["gqa4"], prompt_and_frames("gqa4")
 
 
 class BackendConformance(ContractRules, ThreadAndLifeCycleRules, DeclaredMemoryRules,
-                         BackendErrorRules, PrefixAndStreamConformance, BatchingConformance):
+                         BackendErrorRules, PrefixAndStreamConformance, BatchingConformance,
+                         ArithmeticConformance):
     """The whole matrix, the contract's rules (s2core/kit/rules.py, declared.py, faults.py),
     prefix save/restore and
     streaming (s2core/kit/prefix_stream.py), several sequences per call
-    (s2core/kit/batching.py). Needs a `backend` fixture (a registered
+    (s2core/kit/batching.py), each declared arithmetic (s2core/kit/arithmetic.py). Needs a `backend` fixture (a registered
     backend's name)."""
 
     capacity = 64

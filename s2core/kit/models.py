@@ -82,6 +82,7 @@ def kit_model(config: str = "gqa4", weight_type: str = "f32") -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def kit_reference(config: str = "gqa4", weight_type: str = "f32") -> Reference:
-    """The float64 reference of the same file."""
-    return Reference(ModelFile(kit_model(config, weight_type)))
+def kit_reference(config: str = "gqa4", weight_type: str = "f32", arithmetic: str = "f32"
+                  ) -> Reference:
+    """The float64 reference of the same file, in an arithmetic ("f32" or "ggml")."""
+    return Reference(ModelFile(kit_model(config, weight_type)), arithmetic)

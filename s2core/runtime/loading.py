@@ -14,12 +14,13 @@ import os
 import warnings
 from typing import Any
 
-from s2core.contract.backend import Backend
+from s2core.contract.backend import ARITHMETICS, Backend
 from s2core.codec.model import Codec
 from s2core.contract.checks import loaded_capabilities_problems
 from s2core.errors import BackendUnavailableError, InvalidInputError, backend_call
 from s2core.modelfile.file import ModelFile
 from s2core.runtime.model import SlowARModel
+from s2core.contract.checks import short
 from s2core.contract.registry import ENV_BACKEND, Registry, get_registry
 from s2core.runtime.selection import rank_backends
 
@@ -32,16 +33,54 @@ class BackendFallbackWarning(UserWarning):
     """The automatically chosen backend failed to import; load() used the next one."""
 
 
+def offering(registry: Registry, arithmetic: str) -> list[str]:
+    """The available backends whose capabilities offer this arithmetic."""
+    return [r.name for r in registry.list() if r.available and r.capabilities is not None
+            and arithmetic in r.capabilities.arithmetics]
+
+
+def check_arithmetic(registry: Registry, backend: str | None, arithmetic: Any) -> None:
+    """`arithmetic=` is the core's option (Capabilities.arithmetics): a known value, offered
+    by the named backend, or by some backend when none is named."""
+    if arithmetic is None:
+        return
+    if arithmetic not in ARITHMETICS:
+        raise InvalidInputError("arithmetic", f"arithmetic={short(arithmetic)} is not one of "
+                                              f"{ARITHMETICS} (or None: the backend's default)")
+    names = offering(registry, arithmetic)
+    if (backend is not None and backend not in names) or not names:
+        raise InvalidInputError(
+            "arithmetic", f"{'backend ' + repr(backend) if backend else 'no backend'} does not "
+                          f"offer arithmetic={arithmetic!r}; backends that do: "
+                          f"{', '.join(names) or 'none available here'}")
+
+
+def with_arithmetic(registry: Registry, name: str, options: dict[str, Any],
+                    arithmetic: str | None) -> dict[str, Any]:
+    """The options for backend `name`: `arithmetic` passed on to a backend that declares it
+    as an option (one that does not computes only "f32")."""
+    if arithmetic is None or "arithmetic" not in {o.name for o in registry.info(name).options}:
+        return options
+    return {**options, "arithmetic": arithmetic}
+
+
 def pick_backend(registry: Registry, model_file: ModelFile, backend: str | None,
-                 options: dict[str, Any]) -> tuple[str, type[Backend]]:
-    """(name, class) of the backend load() uses for this file with these options."""
+                 options: dict[str, Any], arithmetic: str | None = None
+                 ) -> tuple[str, type[Backend]]:
+    """(name, class) of the backend load() uses for this file with these options; with an
+    arithmetic, among the backends that offer it."""
     if backend is None and os.environ.get(ENV_BACKEND, "").strip():
         backend = registry.default()  # checks that it is registered and available
     if backend is not None:
+        check_arithmetic(registry, backend, arithmetic)
         registry.check_options(backend, options)
         return backend, registry.backend_class(backend)
+    check_arithmetic(registry, None, arithmetic)
     failures = []
-    for name in rank_backends(registry.list(), model_file):
+    ranked = rank_backends(registry.list(), model_file)
+    if arithmetic is not None:
+        ranked = [n for n in ranked if n in offering(registry, arithmetic)]
+    for name in ranked:
         registry.check_options(name, options)
         try:
             cls = registry.backend_class(name)
@@ -93,16 +132,23 @@ def load(path: str | os.PathLike, backend: str | None = None, **options: Any) ->
     the backend (for example device="cuda:0", kv_cache_dtype="f32"); each backend declares
     the ones it takes, and any other name or value is an InvalidInputError before anything is
     read.
+
+    arithmetic: how products with non-F32 weights treat their activation, "ggml" (rounded as
+    s2.cpp's ggml rounds it) or "f32"; None: the backend's default. A backend that does not
+    offer it (Capabilities.arithmetics) is an InvalidInputError naming those that do.
     """
     registry = get_registry()
+    arithmetic = options.pop("arithmetic", None)
     if backend is not None:
         if not isinstance(backend, str):
             raise InvalidInputError("backend_type", f"backend must be a name (str) or None, "
                                                     f"got {type(backend).__name__}")
+        check_arithmetic(registry, backend, arithmetic)
         registry.check_options(backend, options)
     model_file = ModelFile(path)
     try:
-        name, backend_cls = pick_backend(registry, model_file, backend, options)
+        name, backend_cls = pick_backend(registry, model_file, backend, options, arithmetic)
+        options = with_arithmetic(registry, name, options, arithmetic)
         return SlowARModel(model_file, open_backend(registry, name, backend_cls, model_file,
                                                     options))
     except BaseException:

@@ -1,0 +1,112 @@
+"""arithmetic="ggml" against "f32" on the NumPy backend: decode step and Fast-AR frame, in one
+run, alternated, on the bench's S2 Pro-shaped files (4 layers by default).
+
+    python benchmarks/arithmetic.py [--types q4_k_m,q6_k,q8_0,f16] [--layers 4] [--steps 15]
+
+Prints and writes benchmarks/results/arithmetic-<date>-<time>.json with the CPU flags, the
+numba target, and the share of the CPU other processes took during the run (the machine may be
+shared: compare the ratios, treat absolute times with care).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import s2core
+from s2core.benchmarking.models import prepare_model
+from s2core.embedded.writer import s2pro_hparams
+from s2core.kit.prompts import mixed_prompt, semantic_frame
+
+
+def cpu_flags() -> list[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return sorted(f for f in line.split(":")[1].split() if f.startswith(("avx", "fma")))
+    return []
+
+
+def cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine."""
+    values = [float(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def self_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def measure(model, steps: int, hp) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng(0)
+    model.init_kv_cache(512)
+    model.prefill_fast(mixed_prompt(hp, 256, rng))
+    step_times, frame_times = [], []
+    for i in range(steps + 3):
+        frame = semantic_frame(hp, rng)
+        t0 = time.perf_counter()
+        r = model.step(frame)
+        t1 = time.perf_counter()
+        for n in range(1, hp.num_codebooks):
+            model.fast_decode(r.hidden, frame[1:1 + n])
+        t2 = time.perf_counter()
+        if i >= 3:
+            step_times.append(t1 - t0)
+            frame_times.append(t2 - t0)
+    return step_times, frame_times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--types", default="q4_k_m,q6_k,q8_0,f16")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    hp = s2pro_hparams(n_layer=args.layers)
+    busy0, total0 = cpu_times()
+    own0 = self_cpu()
+    results = {}
+    for wt in args.types.split(","):
+        acct = prepare_model(hp, wt, seed=0, prefill_tokens=256)
+        path = acct.path
+        models = {a: s2core.load(path, backend="numpy", arithmetic=a) for a in ("f32", "ggml")}
+        times = {a: {"step": [], "frame": []} for a in models}
+        for _ in range(args.rounds):  # alternated, so a busy spell hits both
+            for a, m in models.items():
+                s, f = measure(m, args.steps, hp)
+                times[a]["step"] += s
+                times[a]["frame"] += f
+        for m in models.values():
+            m.close()
+        row = {a: {k: statistics.median(v) * 1e3 for k, v in t.items()} for a, t in times.items()}
+        row["step_read_bytes"] = acct.step_read_bytes
+        row["ggml_over_f32_step"] = row["ggml"]["step"] / row["f32"]["step"]
+        row["ggml_over_f32_frame"] = row["ggml"]["frame"] / row["f32"]["frame"]
+        results[wt] = row
+        print(wt, json.dumps(row), flush=True)
+    busy1, total1 = cpu_times()
+    wall_cpu = total1 - total0
+    others = max(0.0, (busy1 - busy0) / 100.0 - (self_cpu() - own0)) / (wall_cpu / 100.0)
+    report = {"layers": args.layers, "results_ms_median": results,
+              "cpu_flags": cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
+              "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "others_cpu_share": round(others, 3)}
+    print(json.dumps(report, indent=1))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = time.strftime("%Y%m%d-%H%M")
+    (out / f"arithmetic-{tag}{'-' + os.environ['NUMBA_CPU_NAME'] if os.environ.get('NUMBA_CPU_NAME') else ''}.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
