@@ -201,7 +201,7 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from s2core.benchmarking.chart import _color
+    from s2core.benchmarking.chart import _color, finish_sweep_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     styles = {t: s for t, s in zip(report["config"]["types"], ("-", "--", ":", "-."))}
@@ -214,20 +214,11 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
         steps = [(x, row["step_ms"]) for x, row in zip(xs, r["sizes"]) if row["step_ms"]]
         if steps:
             ax2.plot(*zip(*steps), style, marker="o", color=color, label=label)
-    for ax, title, ylabel in ((ax1, "Aggregate frames per second", "frames/s"),
-                              (ax2, "Slow-AR step time (one call, B rows)", "ms")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(report["sizes"], [str(s) for s in report["sizes"]])
-        ax.set_xlabel("concurrent sequences B")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"s2core bench --case batch: {report['model_label']}; "
-                 f"{report['machine_tag']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_sweep_figure(fig, ((ax1, "Aggregate frames per second", "frames/s"),
+                              (ax2, "Slow-AR step time (one call, B rows)", "ms")),
+                        report["sizes"], "concurrent sequences B",
+                        f"s2core bench --case batch: {report['model_label']}; "
+                        f"{report['machine_tag']}", path)
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path) -> int:

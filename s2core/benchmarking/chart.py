@@ -145,3 +145,23 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def finish_sweep_figure(fig, panels, xs: list[int], xlabel: str, suptitle: str, path: Path,
+                        legend_size: int = 8) -> None:
+    """The two-panel sweep charts of the batch and HTTP cases: log2 x axis over `xs`, each
+    panel's (ax, title, ylabel), a title over both, saved and closed."""
+    import matplotlib.pyplot as plt
+    for ax, title, ylabel in panels:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_size)
+    fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+

@@ -277,7 +277,7 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from s2core.benchmarking.chart import _color
+    from s2core.benchmarking.chart import _color, finish_sweep_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     for j, r in enumerate(ok):
@@ -292,20 +292,11 @@ def write_chart(report: dict[str, Any], path: Path) -> None:
                  color=color, label=f"{label}: p50")
         ax2.plot(xs, [row["first_audio_p95_s"] for row in r["clients"]], "--", marker="o",
                  color=color, label=f"{label}: p95")
-    for ax, title, ylabel in ((ax1, "Aggregate frames per second", "frames/s"),
-                              (ax2, "Time to first audio over HTTP", "s")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(report["clients"], [str(s) for s in report["clients"]])
-        ax.set_xlabel("concurrent streaming clients N")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"s2core bench --case http: {report['model_label']}; "
-                 f"{report['machine_tag']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    finish_sweep_figure(fig, ((ax1, "Aggregate frames per second", "frames/s"),
+                              (ax2, "Time to first audio over HTTP", "s")),
+                        report["clients"], "concurrent streaming clients N",
+                        f"s2core bench --case http: {report['model_label']}; "
+                        f"{report['machine_tag']}", path, legend_size=7)
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path) -> int:
