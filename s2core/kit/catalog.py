@@ -20,6 +20,7 @@ TOKEN_ROWS = "token-rows-as-specified"
 BAD_INPUT = "bad-input-refused-and-nothing-changes"
 PREFIX = "voice-prefixes-restore-bit-for-bit"
 STREAM = "stream-equals-generate"
+ARITHMETIC = "each-declared-arithmetic-matches-its-reference"
 CODEC_DECLARED = "codec-declared-by-probe-and-plugin"
 CODEC_REFERENCE = "codec-matches-the-reference"
 CODEC_STREAMS = "codec-streams-equal-one-shot"
@@ -40,6 +41,9 @@ CHECKED_RULES = {
     PREFIX: "writes_kv_cache matches write_kv_cache; a saved prefix restores bit for bit "
             "into any later synthesis, and refusals change nothing",
     STREAM: "stream() gives generate()'s codes and frees the cache at its end",
+    ARITHMETIC: "every arithmetic in Capabilities.arithmetics besides 'f32' loads, says so "
+                "in the model's capabilities, and matches the float64 reference computed in "
+                "that arithmetic (for 'ggml': activations rounded as ggml rounds them)",
     CODEC_DECLARED: "a codec is declared by both the probe (Capabilities.codec) and the plugin "
                     "(codec_class), and the loaded codec's capabilities are the probe's",
     CODEC_REFERENCE: "decode matches CODEC.md's float64 reference within the declared "
@@ -75,6 +79,7 @@ TEST_RULES = {
                      "test_prefix_restores_into_many_syntheses", "test_generate_with_prefix",
                      "test_prefix_refusals_leave_the_model_unchanged"), PREFIX),
     "test_stream_equals_generate_and_frees_the_cache": STREAM,
+    "test_each_declared_arithmetic_matches_its_reference": ARITHMETIC,
     "test_rule_results_unchanged_after_later_calls": RESULTS_UNCHANGED,
     "test_codec_is_declared_by_probe_and_plugin": CODEC_DECLARED,
     **dict.fromkeys(("test_shared_example", "test_decode_matches_reference",
