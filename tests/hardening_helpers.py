@@ -19,19 +19,17 @@ MAX_PEAK_BYTES = 200 * 2**20
 HANG_SECONDS = 10.0
 
 
-def bounded(fn: Callable[[], Any], error: type | tuple[type, ...],
-            check: str | tuple[str, ...] | None = None,
-            seconds: float = MAX_SECONDS, peak: int = MAX_PEAK_BYTES) -> BaseException:
-    """Run fn in a thread (a hang fails the test instead of blocking it) with tracemalloc
-    counting every Python and NumPy allocation; it must raise `error` (with `check` when
-    given) within `seconds` and `peak` bytes. Returns the exception."""
+def run_bounded(fn: Callable[[], Any]) -> tuple[BaseException | None, float, int]:
+    """fn() in a thread (a hang fails the test instead of blocking it) with tracemalloc
+    counting every Python and NumPy allocation: what it raised (None if nothing), its seconds
+    and the peak bytes allocated."""
     box: dict[str, Any] = {}
 
     def run() -> None:
         t = time.perf_counter()
         try:
             fn()
-        except BaseException as exc:  # noqa: BLE001 - judged below
+        except BaseException as exc:  # noqa: BLE001 - judged by the caller
             box["exc"] = exc
         box["seconds"] = time.perf_counter() - t
 
@@ -44,13 +42,22 @@ def bounded(fn: Callable[[], Any], error: type | tuple[type, ...],
     finally:
         tracemalloc.stop()
     assert not thread.is_alive(), f"hung for more than {HANG_SECONDS} s"
-    exc = box.get("exc")
+    return box.get("exc"), box["seconds"], used
+
+
+def bounded(fn: Callable[[], Any], error: type | tuple[type, ...],
+            check: str | tuple[str, ...] | None = None,
+            seconds: float = MAX_SECONDS, peak: int = MAX_PEAK_BYTES) -> BaseException:
+    """Run fn in a thread (a hang fails the test instead of blocking it) with tracemalloc
+    counting every Python and NumPy allocation; it must raise `error` (with `check` when
+    given) within `seconds` and `peak` bytes. Returns the exception."""
+    exc, took, used = run_bounded(fn)
     assert exc is not None, "no error raised"
     assert isinstance(exc, error), f"raised {type(exc).__name__}: {exc}"
     if check is not None:
         wanted = (check,) if isinstance(check, str) else check
         assert getattr(exc, "check", None) in wanted, f"check {getattr(exc, 'check', None)!r}: {exc}"
-    assert box["seconds"] < seconds, f"took {box['seconds']:.2f} s: {exc}"
+    assert took < seconds, f"took {took:.2f} s: {exc}"
     assert used < peak, f"peak {used / 2**20:.0f} MB: {exc}"
     return exc
 

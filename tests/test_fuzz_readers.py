@@ -13,7 +13,6 @@ import os
 import struct
 import threading
 import time
-import tracemalloc
 import wave
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from s2core.runtime.prefix import KVPrefix
 from s2core.text.tokenizer import Tokenizer
 from s2core.voice.file import Voice, parse_s2voice, write_s2voice
 
-from hardening_helpers import HANG_SECONDS, MAX_PEAK_BYTES, MAX_SECONDS, digest
+from hardening_helpers import HANG_SECONDS, MAX_PEAK_BYTES, MAX_SECONDS, digest, run_bounded
 
 EXTREMES = [0, 1, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**32 - 1, 2**53, 2**63, 2**64 - 1]
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
@@ -44,28 +43,9 @@ FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
 def within_bounds(read, path: Path, error: type) -> None:
     """read(path) returns or raises `error`, within the bounds; the file is unchanged."""
     before = path.read_bytes()
-    box: dict = {}
-
-    def run() -> None:
-        t = time.perf_counter()
-        try:
-            read(path)
-        except BaseException as exc:  # noqa: BLE001 - judged below
-            box["exc"] = exc
-        box["s"] = time.perf_counter() - t
-
-    tracemalloc.start()
-    try:
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        thread.join(HANG_SECONDS)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert not thread.is_alive(), "hung"
-    exc = box.get("exc")
+    exc, took, peak = run_bounded(lambda: read(path))
     assert exc is None or isinstance(exc, error), f"{type(exc).__name__}: {exc}"
-    assert box["s"] < MAX_SECONDS and peak < MAX_PEAK_BYTES, (box["s"], peak, exc)
+    assert took < MAX_SECONDS and peak < MAX_PEAK_BYTES, (took, peak, exc)
     assert len(str(exc or "")) < 4000
     assert path.read_bytes() == before
 
