@@ -479,3 +479,17 @@ def test_idle_voices_beyond_the_number_kept_are_released(tiny_model, idle_voices
     assert info.value.check == "idle_voices"
     b.close()
     m.close()
+
+
+def test_generate_many_with_small_slots_gives_the_same_codes(model):
+    """max_seq_len sizes each slot (the HTTP benchmark's baseline uses the engine's size):
+    the same codes as slots of the whole context; a prompt that cannot fit is refused before
+    any request runs."""
+    ps, n = prompts(3), 5
+    whole = generate_many(model, ps, greedy(n))
+    fitted = generate_many(model, ps, greedy(n), max_seq_len=max(len(p) for p in ps) + n)
+    for a, b in zip(whole, fitted):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(InvalidInputError):
+        generate_many(model, ps, greedy(n), max_seq_len=4)
+    assert [c.shape for c in generate_many(model, ps[:1], greedy(n))] == [whole[0].shape]

@@ -80,8 +80,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             outs = [AudioOut(codec, stream=True) for _ in range(n)] if audio else None
             on_frame = (lambda i, j, f: outs[i].frame(f)) if audio else None
             t0 = time.perf_counter()
+            # the same slot capacity as the HTTP engine's (K/V is allocated whole per slot)
             codes = generate_many(model, prompts[:n], configs[:n], max_sequences=n,
-                                  on_frame=on_frame)
+                                  on_frame=on_frame, max_seq_len=spec["slot_positions"])
             wall = time.perf_counter() - t0
             made = sum(c.shape[1] for c in codes)
             return {"frames": made, "wall_s": wall, "frames_per_s": made / wall}

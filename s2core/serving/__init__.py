@@ -31,15 +31,17 @@ __all__ = ["Server", "Request", "BatchedModel", "generate_many", "CANCELLED", "F
 def generate_many(model: SlowARModel, prompts: Sequence[Any],
                   config: GenerationConfig | Sequence[GenerationConfig] = GenerationConfig(),
                   max_sequences: int | None = None, prefixes: Sequence[Any] | None = None,
-                  on_frame: Callable[[int, int, np.ndarray], Any] | None = None
-                  ) -> list[np.ndarray]:
+                  on_frame: Callable[[int, int, np.ndarray], Any] | None = None,
+                  max_seq_len: int | None = None) -> list[np.ndarray]:
     """Each prompt's codes [num_codebooks, frames], generated together with continuous
     batching (at most max_sequences at a time; None = as many as the backend evaluates in one
     call). `config`: one for all, or one per prompt (each request samples with its own
     generator, seeded by its config, exactly as generate()). `prefixes`: None, or one
     KVPrefix (or None) per prompt; requests with the same prefix object share its converted
     K/V. `on_frame(request_index, frame_index, codes)`: returning False cancels that request.
-    Every request is checked before any runs."""
+    `max_seq_len`: each slot's capacity in positions (None: the context length; a slot's K/V
+    is allocated whole, so a smaller one costs less memory and allocation time). Every
+    request is checked before any runs."""
     prompts = list(prompts)
     if not prompts:
         raise InvalidInputError("prompts", "generate_many needs at least one prompt")
@@ -60,7 +62,7 @@ def generate_many(model: SlowARModel, prompts: Sequence[Any],
     elif isinstance(max_sequences, (int, np.integer)) and not isinstance(max_sequences, bool) \
             and max_sequences >= 1:
         max_sequences = min(int(max_sequences), limit)
-    server = Server(model, max_sequences=max_sequences)  # checks what is left
+    server = Server(model, max_sequences=max_sequences, max_seq_len=max_seq_len)  # checks the rest
     try:
         requests = []
         for i, (p, c, x) in enumerate(zip(prompts, configs, prefixes)):
