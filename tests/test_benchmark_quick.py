@@ -178,3 +178,24 @@ def test_batch_case_quick_run(tmp_path):
     assert by_backend["example"]["sizes"][1]["sequences_per_call"] == 1  # served in turns
     assert path.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
     assert "frames/s" in path.with_suffix(".md").read_text()
+
+
+def test_http_case_quick_run(tmp_path):
+    """`s2core bench --case http --quick`: streaming clients over a real local HTTP server
+    against the same requests in process, in a child process; every path made the same
+    frames and the first audio came."""
+    pytest.importorskip("fastapi", reason="the http case needs s2core[serve]")
+    pytest.importorskip("httpx", reason="the http case's clients need httpx (s2core[test])")
+    rc = main(["--case", "http", "--quick", "--backends", "numpy",
+               "--out", str(tmp_path / "out"), "--model-dir", str(tmp_path / "models")])
+    assert rc == 0
+    [path] = (tmp_path / "out").glob("http-*.json")
+    report = json.loads(path.read_text())
+    [result] = report["results"]
+    assert result["status"] == "ok", result.get("error")
+    assert [row["clients"] for row in result["clients"]] == [1, 4]
+    for row in result["clients"]:
+        assert row["same_frames"] and row["frames"] > 0
+        assert 0 < row["first_audio_p50_s"] <= row["first_audio_p95_s"]
+        assert row["http_frames_per_s"] > 0 and row["codes_frames_per_s"] > 0
+    assert path.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)

@@ -49,7 +49,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import httpx
 
     import s2core
-    from s2core.embedded.codec_writer import demo_codec_path
+    from s2core.embedded.cache import demo_codec_path
     from s2core.generation.loop import GenerationConfig
     from s2core.http.app import create_app
     from s2core.http.engine import Engine
@@ -184,7 +184,7 @@ def run_http_benchmark(cfg, say: Callable[[str], None], frames: int = 6,
     from s2core.benchmarking import machine
     from s2core.benchmarking.models import prepare_model
     from s2core.benchmarking.runner import child_env, select_backends
-    from s2core.embedded.codec_writer import demo_codec_path
+    from s2core.embedded.cache import demo_codec_path
     from s2core.embedded.tokenizer import cached_tokenizer
 
     info = machine.describe()
