@@ -22,7 +22,7 @@ import struct
 import wave
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO, Iterable, Union
 
 import numpy as np
 
@@ -90,16 +90,8 @@ def read_for_codec(source: AudioSource, sample_rate: int,
     with _Reader(source, limits) as reader:
         if reader.rate == sample_rate:
             return reader.read_all()
-        resampler = _Resampler(reader.rate, sample_rate)
-        out = np.empty(resampler.bound(reader.frames), np.float32)
-        n = 0
-        for block in reader.blocks():
-            piece = resampler.push(block)
-            out[n:n + piece.size] = piece
-            n += piece.size
-        piece = resampler.push(np.zeros(0, np.float32), last=True)
-        out[n:n + piece.size] = piece
-        return out[:n + piece.size]  # a view: a copy would double the peak
+        return _Resampler(reader.rate, sample_rate).resample_blocks(reader.blocks(),
+                                                                    reader.frames)
 
 
 class _Reader:
@@ -359,16 +351,8 @@ def resample(audio: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     audio = np.asarray(audio, dtype=np.float32).reshape(-1)
     if rate_in == rate_out:
         return audio
-    resampler = _Resampler(rate_in, rate_out)
-    out = np.empty(resampler.bound(audio.size), np.float32)
-    n = 0
-    for start in range(0, audio.size, BLOCK_FRAMES):
-        piece = resampler.push(audio[start:start + BLOCK_FRAMES])
-        out[n:n + piece.size] = piece
-        n += piece.size
-    piece = resampler.push(np.zeros(0, np.float32), last=True)
-    out[n:n + piece.size] = piece
-    return out[:n + piece.size]  # a view: a copy would double the peak
+    blocks = (audio[start:start + BLOCK_FRAMES] for start in range(0, audio.size, BLOCK_FRAMES))
+    return _Resampler(rate_in, rate_out).resample_blocks(blocks, audio.size)
 
 
 class _Resampler:
@@ -396,3 +380,16 @@ class _Resampler:
 
     def push(self, block: np.ndarray, last: bool = False) -> np.ndarray:
         return np.asarray(self._stream.resample_chunk(block, last=last), np.float32)
+
+    def resample_blocks(self, blocks: Iterable[np.ndarray], n_in: int) -> np.ndarray:
+        """The n_in samples that `blocks` hold, resampled into one array allocated once at
+        its bound (so the peak is the output, not the output twice)."""
+        out = np.empty(self.bound(n_in), np.float32)
+        n = 0
+        for block in blocks:
+            piece = self.push(block)
+            out[n:n + piece.size] = piece
+            n += piece.size
+        piece = self.push(np.zeros(0, np.float32), last=True)
+        out[n:n + piece.size] = piece
+        return out[:n + piece.size]  # a view: a copy would double the peak
