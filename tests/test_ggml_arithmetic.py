@@ -88,7 +88,7 @@ def test_products_match_the_transcription(qtype):
 
     class OneTensor:  # the WeightLoader's view of a file
         def info(self, name):
-            return type("Info", (), {"type": qtype})()
+            return type("Info", (), {"type": qtype, "shape": (n_out, n_in)})()
 
         def raw(self, name):
             return raw.view(np.uint8).reshape(n_out, -1)

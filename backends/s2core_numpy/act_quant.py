@@ -121,6 +121,26 @@ def snap(dot_type: str, x: np.ndarray) -> np.ndarray:
     raise ValueError(f"no dot type {dot_type!r}")
 
 
+def quantize(dot_type: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows x (n, in) as ggml's int8 codes for the integer kernels (int_dots.py):
+    (codes (n, in) int8, d (n, blocks) float32 as the dot uses it (Q8_0: float16-rounded),
+    sums of the codes per 16 inputs (n, in / 16) int32). Needs numba (its callers do)."""
+    n, width = x.shape
+    codes = np.empty((n, width), np.int8)
+    sums = np.empty((n, width // 16), np.int32)
+    if dot_type == "q8_0":
+        d = np.empty((n, width // 32), _F32)
+        _kernels.q8_0_quantize(x.reshape(-1, 32), codes.reshape(-1, 32), d.reshape(-1),
+                               sums.reshape(-1, 2))
+        return codes, d.astype(np.float16).astype(_F32), sums
+    if dot_type == "q8_k":
+        d = np.empty((n, width // 256), _F32)
+        _kernels.q8_k_quantize(x.reshape(-1, 256), codes.reshape(-1, 256), d.reshape(-1),
+                               sums.reshape(-1, 16))
+        return codes, d, sums
+    raise ValueError(f"no integer codes for dot type {dot_type!r}")
+
+
 def block_mins(raw: np.ndarray, qtype: QT) -> np.ndarray:
     """The float16 min m of every Q4_1/Q5_1 block (bytes 2-3 of each), (O, blocks) float32."""
     nbytes = block_shape(qtype)[1]

@@ -56,6 +56,10 @@ class WeightLoader:
         if self.arithmetic == "ggml" and qtype in (QT.Q4_1, QT.Q5_1):
             from .act_quant import block_mins  # read before the file's pages are released
             mins = block_mins(self.mf.raw(name), qtype)
+        if self.arithmetic == "ggml" and self.numba_kernels:
+            integer = self._integer(name)
+            if integer is not None:
+                return integer
         packed = self._packed(name) if self.numba_kernels else None
         if packed is not None:
             self.mf.release(name)  # the values were copied into the tiled layout
@@ -67,6 +71,20 @@ class WeightLoader:
             if qtype in DOT_TYPE:
                 return ActivationRounded(weight, DOT_TYPE[qtype], mins)
         return weight
+
+    def _integer(self, name: str) -> Weight | None:
+        """arithmetic="ggml" with the CPU's integer dot instructions (int_dots.py), for the
+        types and CPUs that have them; None for the others (act_quant.ActivationRounded)."""
+        from .int_dots import IntDotMatrix, supported
+        info = self.mf.info(name)
+        if len(info.shape) != 2 or not supported(info.type, tuple(info.shape)):
+            return None
+        raw = self.mf.raw(name)
+        if non_finite_scale_blocks(raw, info.type):
+            return None  # widened as gguf decodes it, and said, by the float path
+        matrix = IntDotMatrix.from_raw(raw, info.type)
+        self.mf.release(name)
+        return matrix
 
     def _packed(self, name: str) -> Weight | None:
         # numba is imported here, on the first such tensor: never at probe time, and not at

@@ -1,0 +1,310 @@
+"""arithmetic="ggml" in integers: Q8_0, Q4_K and Q6_K weights times 8-bit activations, as
+s2.cpp's ggml computes them, with the CPU's integer dot instructions (simd.py).
+
+Per product: the activation rows are quantized as ggml does (act_quant_kernels.py: Q8_0's
+codes and float16 d per 32 inputs, Q8_K's codes, d and sums per 16 of 256); each block's
+integer dot is one instruction per 4 inputs of 16 output rows (simd.py); then, per block and
+output row, ggml's float step:
+- Q8_0: sum += (d_w * d_x) * float(isum);
+- Q4_K: sum += (d_w * d_x) * float(sum_s sc_s * isum_s) - (dmin_w * d_x) * float(sum_s m_s *
+  sum_x(sub-block s));
+- Q6_K: sum += (d_w * d_x) * float(sum_s sc_s * (isum_s - 32 * sum_x(sub-block s))).
+The integer parts are exact, as in ggml, so the numbers are ggml's up to the order of the float
+sums over blocks (ggml's order depends on its SIMD width; ~1e-7 relative).
+
+Layout (`pack`): tiles of 16 output rows; per tile and per 256 inputs a "tile-block" holding
+the 16 rows' header bytes (scales), transposed so that one byte position of the 16 rows is
+contiguous (the float step vectorizes over the rows), then their codes as simd.py's 64-byte
+groups, in the order simd.py's kernels read them. The bytes are the file's, rearranged: the
+matrix holds what the file holds.
+
+Products of many rows (prefill) round the activation (act_quant.snap) and go through
+tile_gemm's float32 sgemm, tile by tile decoded from this layout: the same numbers up to float
+summation order, at BLAS speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from numba import njit, prange
+
+from . import act_quant
+from .f16 import _widen
+from .simd import ROWS, SIGNED_FLIP, isa, q4_k_sums, q6_k_sums, q8_0_sums
+from .stack import stack_array
+from .tile_gemm import tile_gemm
+from .tiled import GEMM_ROWS, TILE
+
+#: per type: (file bytes per 256 inputs of a row, header bytes of a tile-block)
+_GEOMETRY = {QT.Q8_0: (8 * 34, 8 * 2 * ROWS), QT.Q4_K: (144, 16 * ROWS), QT.Q6_K: (210, 18 * ROWS)}
+TYPES = frozenset(_GEOMETRY)
+_Q8_0, _Q4_K, _Q6_K = 8, 12, 14
+#: the most rows the integer kernels take at once (a batched step's sequences)
+MAX_ROWS = GEMM_ROWS - 1
+_SUMS = 16 * ROWS  # a block's integer sums: at most 16 sub-blocks of 16 rows
+
+
+def supported(qtype: QT, shape: tuple[int, int]) -> bool:
+    """Whether this CPU and this matrix take the integer kernels."""
+    return bool(isa()) and qtype in TYPES and shape[1] % 256 == 0
+
+
+# ------------------------------------------------------------------------------- packing
+@njit(inline="always")
+def _put_group(dst, at, src, row, start, flip=0):
+    """4 bytes of one row into a 64-byte group, xor `flip`."""
+    for i in range(4):
+        dst[at + 4 * row + i] = src[start + i] ^ flip
+
+
+@njit(parallel=True, cache=True)
+def _pack(kind, raw, packed, header_bytes, flip):
+    """raw (O, bytes per row) the file's blocks -> packed (tiles, superblocks, tile-block
+    bytes); rows past O (the last tile's padding) are zero. Q8_0's signed codes are stored
+    xor `flip` (simd.SIGNED_FLIP)."""
+    n_rows = raw.shape[0]
+    n_tiles, n_super = packed.shape[:2]
+    for t in prange(n_tiles):
+        for sb in range(n_super):
+            out = packed[t, sb]
+            out[:] = 0
+            for j in range(min(ROWS, n_rows - t * ROWS)):
+                row = raw[t * ROWS + j]
+                if kind == _Q8_0:
+                    for blk in range(8):
+                        src = (sb * 8 + blk) * 34
+                        out[(blk * 2) * ROWS + j] = row[src]
+                        out[(blk * 2 + 1) * ROWS + j] = row[src + 1]
+                        for g in range(8):
+                            _put_group(out, header_bytes + (blk * 8 + g) * 64, row,
+                                       j, src + 2 + 4 * g, flip)
+                elif kind == _Q4_K:
+                    src = sb * 144  # d(2) dmin(2) scales(12) qs(128)
+                    for k in range(16):
+                        out[k * ROWS + j] = row[src + k]
+                    for c in range(4):
+                        for g in range(8):
+                            _put_group(out, header_bytes + (c * 8 + g) * 64, row, j,
+                                       src + 16 + 32 * c + 4 * g)
+                else:  # Q6_K: ql(128) qh(64) scales(16) d(2)
+                    src = sb * 210
+                    for k in range(16):
+                        out[k * ROWS + j] = row[src + 192 + k]
+                    out[16 * ROWS + j] = row[src + 208]
+                    out[17 * ROWS + j] = row[src + 209]
+                    for n in range(2):
+                        base = header_bytes + n * 24 * 64
+                        for g in range(8):
+                            _put_group(out, base + g * 64, row, j, src + 64 * n + 4 * g)
+                            _put_group(out, base + (8 + g) * 64, row, j,
+                                       src + 64 * n + 32 + 4 * g)
+                            _put_group(out, base + (16 + g) * 64, row, j,
+                                       src + 128 + 32 * n + 4 * g)
+
+
+# --------------------------------------------------------------------- header values
+@njit(inline="always")
+def _half_at(h, k, j):
+    """The float16 whose low byte is at header position k, high byte at k + 1, row j."""
+    return _widen(np.uint16(h[k * ROWS + j]) | (np.uint16(h[(k + 1) * ROWS + j]) << np.uint16(8)))
+
+
+@njit(inline="always")
+def _q4_k_scale_min(h, s, j):
+    """Q4_K's 6-bit scale and min of sub-block s, row j (header bytes 4..15)."""
+    if s < 4:
+        return h[(4 + s) * ROWS + j] & 63, h[(8 + s) * ROWS + j] & 63
+    sc = (h[(8 + s) * ROWS + j] & 15) | ((h[(s) * ROWS + j] >> 6) << 4)
+    mn = (h[(8 + s) * ROWS + j] >> 4) | ((h[(4 + s) * ROWS + j] >> 6) << 4)
+    return sc, mn
+
+
+# ------------------------------------------------------------------------ products
+@njit(parallel=True, cache=True)
+def products(kind, packed, header_bytes, bias, xq, xd, xs, out):
+    """out (R, tiles * 16) = the activation rows (xq (R, in) int8 codes, xd (R, in / 32 or
+    in / 256) float32 d, xs (R, in / 16) int32 sums of 16) times the packed matrix."""
+    n_tiles, n_super, tb = packed.shape
+    n_rows = xq.shape[0]
+    flat = packed.reshape(-1)
+    for t in prange(n_tiles):
+        sums = stack_array(1, _SUMS, np.int32)[0]
+        acc = stack_array(16, ROWS, np.float32)
+        d_w = stack_array(8, ROWS, np.float32)
+        dmin_w = stack_array(1, ROWS, np.float32)[0]
+        sc = stack_array(16, ROWS, np.float64)
+        mn = stack_array(8, ROWS, np.float64)
+        for r in range(n_rows):
+            for j in range(ROWS):
+                acc[r, j] = 0
+        for sb in range(n_super):
+            at = (t * n_super + sb) * tb
+            h = packed[t, sb]
+            if kind == _Q8_0:
+                for blk in range(8):
+                    for j in range(ROWS):
+                        d_w[blk, j] = _half_at(h, 2 * blk, j)
+            elif kind == _Q4_K:
+                for j in range(ROWS):
+                    d_w[0, j] = _half_at(h, 0, j)
+                    dmin_w[j] = _half_at(h, 2, j)
+                for s in range(8):
+                    for j in range(ROWS):
+                        a, m = _q4_k_scale_min(h, s, j)
+                        sc[s, j] = np.float64(a)
+                        mn[s, j] = np.float64(m)
+            else:
+                for j in range(ROWS):
+                    d_w[0, j] = _half_at(h, 16, j)
+                for s in range(16):
+                    for j in range(ROWS):
+                        sc[s, j] = np.float64(np.int8(h[s * ROWS + j]))
+            for r in range(n_rows):
+                x_at = np.int64(r) * xq.shape[1] + sb * 256
+                if kind == _Q8_0:
+                    q8_0_sums(flat, at + header_bytes, xq.reshape(-1), x_at, sums)
+                    for blk in range(8):
+                        dx = xd[r, sb * 8 + blk]
+                        total = (xs[r, sb * 16 + 2 * blk] + xs[r, sb * 16 + 2 * blk + 1]) * bias
+                        for j in range(ROWS):
+                            acc[r, j] += (d_w[blk, j] * dx) * np.float32(
+                                sums[blk * ROWS + j] - total)
+                elif kind == _Q4_K:
+                    q4_k_sums(flat, at + header_bytes, xq.reshape(-1), x_at, sums)
+                    dx = xd[r, sb]
+                    for j in range(ROWS):
+                        si, sm = 0.0, 0.0
+                        for s in range(8):
+                            si += sc[s, j] * sums[s * ROWS + j]
+                            sm += mn[s, j] * (xs[r, sb * 16 + 2 * s] + xs[r, sb * 16 + 2 * s + 1])
+                        acc[r, j] += (d_w[0, j] * dx) * np.float32(si) \
+                            - (dmin_w[j] * dx) * np.float32(sm)
+                else:
+                    q6_k_sums(flat, at + header_bytes, xq.reshape(-1), x_at, sums)
+                    dx = xd[r, sb]
+                    for j in range(ROWS):
+                        si = 0.0
+                        for s in range(16):
+                            si += sc[s, j] * (sums[s * ROWS + j] - 32 * xs[r, sb * 16 + s])
+                        acc[r, j] += (d_w[0, j] * dx) * np.float32(si)
+        for r in range(n_rows):
+            for j in range(ROWS):
+                out[r, t * ROWS + j] = acc[r, j]
+
+
+# ------------------------------------------------------------------------ decoding
+@njit(nogil=True, cache=True)
+def decode(kind, packed, header_bytes, flip, t, w):
+    """Tile t as float32 (in, 16) as gguf dequantizes it: w[i, j] = weight (t*16 + j, i)."""
+    n_super = packed.shape[1]
+    for sb in range(n_super):
+        h = packed[t, sb]
+        c = header_bytes
+        i0 = sb * 256
+        for j in range(ROWS):
+            if kind == _Q8_0:
+                for blk in range(8):
+                    d = _half_at(h, 2 * blk, j)
+                    for g in range(8):
+                        for i in range(4):
+                            q = np.int8(h[c + (blk * 8 + g) * 64 + 4 * j + i] ^ flip)
+                            w[i0 + blk * 32 + 4 * g + i, j] = d * np.float32(q)
+            elif kind == _Q4_K:
+                d, dmin = _half_at(h, 0, j), _half_at(h, 2, j)
+                for s in range(8):
+                    a, m = _q4_k_scale_min(h, s, j)
+                    scale, low = d * np.float32(a), dmin * np.float32(m)
+                    chunk, upper = s // 2, s % 2
+                    for g in range(8):
+                        for i in range(4):
+                            byte = np.int32(h[c + (chunk * 8 + g) * 64 + 4 * j + i])
+                            q = (byte >> 4) if upper else (byte & 15)
+                            w[i0 + 32 * s + 4 * g + i, j] = scale * np.float32(q) - low
+            else:
+                d = _half_at(h, 16, j)
+                for n in range(2):
+                    base = c + n * 24 * 64
+                    for g in range(8):
+                        for i in range(4):
+                            ql0 = np.int32(h[base + g * 64 + 4 * j + i])
+                            ql1 = np.int32(h[base + (8 + g) * 64 + 4 * j + i])
+                            qh = np.int32(h[base + (16 + g) * 64 + 4 * j + i])
+                            v = 128 * n + 4 * g + i
+                            for k in range(4):
+                                low = ql0 if k % 2 == 0 else ql1
+                                nibble = (low & 15) if k < 2 else (low >> 4)
+                                q = (nibble | (((qh >> (2 * k)) & 3) << 4)) - 32
+                                sub = (v + 32 * k) // 16
+                                scale = d * np.float32(np.int8(h[sub * ROWS + j]))
+                                w[i0 + v + 32 * k, j] = scale * np.float32(q)
+
+
+# ---------------------------------------------------------------------- the matrix
+class IntDotMatrix:
+    """A Q8_0, Q4_K or Q6_K [out, in] matrix multiplied as s2.cpp multiplies it (arithmetic
+    "ggml"): `m(x)` is x @ W^T with x's rows quantized to the weight's dot type."""
+
+    def __init__(self, packed: np.ndarray, qtype: QT, n_out: int, n_in: int):
+        self.codes = packed
+        self.qtype = qtype
+        self.kind = int(qtype)
+        self.n_out, self.n_in = n_out, n_in
+        self.header_bytes = _GEOMETRY[qtype][1]
+        self.flip = SIGNED_FLIP[isa()] if qtype == QT.Q8_0 else 0
+        self.bias = 128 if self.flip else 0  # what (w ^ 128) . x adds: 128 * sum(x)
+        self.dot_type = act_quant.DOT_TYPE[qtype]
+        # tile_gemm's tiles of TILE rows: TILE // ROWS of ours each
+        self.gemm_tiles = -(-packed.shape[0] * ROWS // TILE)
+
+    @classmethod
+    def from_raw(cls, raw: np.ndarray, qtype: QT) -> "IntDotMatrix":
+        raw = np.ascontiguousarray(raw, dtype=np.uint8)
+        per_super, header = _GEOMETRY[qtype]
+        n_out, n_super = raw.shape[0], raw.shape[1] // per_super
+        packed = np.empty((-(-n_out // ROWS), n_super, per_super * ROWS), np.uint8)
+        _pack(int(qtype), raw, packed, header, SIGNED_FLIP[isa()] if qtype == QT.Q8_0 else 0)
+        return cls(packed, qtype, n_out, n_super * 256)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.n_out, self.n_in
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n = x.shape[0]
+        if n > MAX_ROWS:
+            out = np.empty((n, self.gemm_tiles * TILE), np.float32)
+            tile_gemm(self, act_quant.snap(self.dot_type, x), out)
+            return out[:, :self.n_out]
+        out = np.empty((n, self.codes.shape[0] * ROWS), np.float32)
+        xq, xd, xs = act_quant.quantize(self.dot_type, x)
+        products(self.kind, self.codes, self.header_bytes, self.bias, xq, xd, xs, out)
+        return out[:, :self.n_out]
+
+    def _decode_tile(self, t: int, w: np.ndarray) -> None:
+        """tile_gemm's tile t (TILE rows) as float32 (in, TILE); rows past ours are zero."""
+        for s in range(TILE // ROWS):
+            ours = t * (TILE // ROWS) + s
+            part = w[:, s * ROWS:(s + 1) * ROWS]
+            if ours < self.codes.shape[0]:
+                decode(self.kind, self.codes, self.header_bytes, self.flip, ours, part)
+            else:
+                part[:] = 0
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` as float32 (n, in), decoded as gguf dequantizes them."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty((ids.shape[0], self.n_in), np.float32)
+        tile = np.empty((self.n_in, ROWS), np.float32)
+        for i, row in enumerate(ids):
+            decode(self.kind, self.codes, self.header_bytes, self.flip, int(row) // ROWS, tile)
+            out[i] = tile[:, int(row) % ROWS]
+        return out
+
+    def dequantize(self) -> np.ndarray:
+        return self.rows(np.arange(self.n_out))

@@ -1,0 +1,120 @@
+"""The integer kernels of arithmetic="ggml" (backends/s2core_numpy/int_dots.py, simd.py):
+exact decoding of the rearranged blocks, ggml's numbers, rows batched as alone, and the AVX2
+code (built on this machine by naming a Haswell to numba) equal to the VNNI code bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+pytest.importorskip("numba")
+
+from s2core.embedded.kquants import quantize_k  # noqa: E402
+from s2core.kit.ggml_arithmetic import ggml_product  # noqa: E402
+
+from s2core_numpy import int_dots, simd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPES = sorted(int_dots.TYPES)
+#: the features of a Haswell (AVX2, no AVX-512): NUMBA_CPU_NAME alone keeps the host's features
+HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,"
+           "+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,"
+           "+ssse3,+x87,+xsave,+xsaveopt")
+
+needs_integer_kernels = pytest.mark.skipif(
+    not simd.isa(), reason="this CPU has neither AVX2 nor AVX-512 VNNI: no integer kernels")
+
+
+def quantized(qtype: QT, n_out: int, n_in: int, seed: int) -> np.ndarray:
+    w = np.random.default_rng(seed).standard_normal((n_out, n_in)).astype(np.float32)
+    raw = gguf.quants.quantize(w, qtype) if qtype == QT.Q8_0 else quantize_k(w, qtype)
+    return raw.view(np.uint8).reshape(n_out, -1)
+
+
+@needs_integer_kernels
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_rearranged_blocks_decode_as_gguf(qtype):
+    """37 rows: the last tile of 16 is padded; every row decodes to gguf's floats exactly."""
+    raw = quantized(qtype, 37, 512, 1)
+    m = int_dots.IntDotMatrix.from_raw(raw, qtype)
+    want = gguf.quants.dequantize(raw, qtype).reshape(37, 512)
+    assert np.array_equal(m.dequantize(), want)
+    assert m.nbytes == int_dots.IntDotMatrix.from_raw(raw, qtype).codes.nbytes
+    assert m.nbytes == -(-37 // 16) * 16 * raw.shape[1]  # the file's bytes, padded to 16 rows
+
+
+@needs_integer_kernels
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_products_are_ggmls_and_batched_rows_equal_single_rows(qtype):
+    raw = quantized(qtype, 40, 768, 2)
+    m = int_dots.IntDotMatrix.from_raw(raw, qtype)
+    w64 = gguf.quants.dequantize(raw, qtype).reshape(40, 768).astype(np.float64)
+    x = np.random.default_rng(3).standard_normal((9, 768)).astype(np.float32)
+    x[4] = 0  # an all-zero row: d = 0, codes 0
+    batched = m(x)
+    ref = ggml_product(x, w64, qtype)
+    assert np.abs(batched - ref).max() <= 2e-6 * np.abs(ref).max()
+    for r in range(x.shape[0]):
+        assert np.array_equal(m(x[r:r + 1])[0], batched[r]), r
+
+
+@needs_integer_kernels
+def test_avx2_code_equals_this_cpus_code():
+    """The other ISA's kernels, compiled in a subprocess for a Haswell, give the same bits
+    (the integer sums are exact; the float steps are the same operations in the same order)."""
+    script = (
+        "import json, sys, numpy as np, gguf\n"
+        "from s2core_numpy import int_dots, simd\n"
+        "out = {'isa': simd.isa()}\n"
+        "for name, raw, x in np.load(sys.argv[1], allow_pickle=True)['cases']:\n"
+        "    m = int_dots.IntDotMatrix.from_raw(raw, gguf.GGMLQuantizationType[name])\n"
+        "    out[name] = m(x).tobytes().hex()\n"
+        "print(json.dumps(out))\n")
+    cases = []
+    rng = np.random.default_rng(4)
+    for qtype in TYPES:
+        cases.append((qtype.name, quantized(qtype, 32, 512, int(qtype)),
+                      rng.standard_normal((3, 512)).astype(np.float32)))
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"int-dots-{os.getpid()}.npz"
+    arr = np.empty(len(cases), dtype=object)
+    arr[:] = cases
+    np.savez(path, cases=arr)
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=HASWELL,
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "backends"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(path)], env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        path.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    other = json.loads(done.stdout.strip().splitlines()[-1])
+    assert other["isa"] == "avx2"
+    for name, raw, x in cases:
+        mine = int_dots.IntDotMatrix.from_raw(raw, QT[name])(x).tobytes().hex()
+        assert other[name] == mine, f"{name}: AVX2 ({other['isa']}) and {simd.isa()} differ"
+
+
+def test_isa_reads_the_features_numba_compiles_for():
+    """The instruction set follows numba's target, not the host's, so a named CPU is honoured."""
+    script = "from s2core_numpy import simd; print(simd.isa())"
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64", NUMBA_CPU_FEATURES="+sse2,+sse4.2",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "backends"), str(ROOT)]))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
+def test_types_and_shapes_the_kernels_do_not_take_stay_on_the_float_path():
+    assert not int_dots.supported(QT.Q4_0, (16, 256))
+    assert not int_dots.supported(QT.Q4_K, (16, 64 * 3))  # not whole 256-input blocks
+    assert not int_dots.supported(QT.F16, (16, 256))
