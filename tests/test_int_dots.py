@@ -118,3 +118,22 @@ def test_types_and_shapes_the_kernels_do_not_take_stay_on_the_float_path():
     assert not int_dots.supported(QT.Q4_0, (16, 256))
     assert not int_dots.supported(QT.Q4_K, (16, 64 * 3))  # not whole 256-input blocks
     assert not int_dots.supported(QT.F16, (16, 256))
+
+
+@pytest.mark.parametrize("dot_type,block", [("q8_0", 32), ("q8_k", 256)])
+def test_integer_codes_are_the_rounded_activation(dot_type, block):
+    """act_quant.quantize's codes times d are exactly act_quant.snap's values (the rounding
+    the kit checks against the transcription), the sums are the codes' sums, and the peak of
+    Q8_K is the first of largest magnitude (a tie of opposite signs)."""
+    from s2core_numpy import act_quant
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 1024)).astype(np.float32)
+    x[0, :block] = 0  # a zero block
+    x[1, 10], x[1, 20] = -9.0, 9.0  # equal magnitudes: the first (negative) is the peak
+    x[2, ::7] = np.float32(0.5) * np.round(x[2, ::7] * 8)  # many exact halves: ties to even
+    codes, d, sums = act_quant.quantize(dot_type, x)
+    values = codes.reshape(3, -1, block).astype(np.float32) * d[..., None]
+    assert np.array_equal(values.reshape(3, -1), act_quant.snap(dot_type, x))
+    assert np.array_equal(sums, codes.reshape(3, -1, 16).astype(np.int64).sum(-1))
+    if dot_type == "q8_k":
+        assert codes[1, 10] == -127 and codes[1, 20] == 127  # iscale = -127 / the first peak

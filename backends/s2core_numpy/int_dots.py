@@ -31,18 +31,20 @@ from numba import njit, prange
 
 from . import act_quant
 from .f16 import _widen
-from .simd import ROWS, SIGNED_FLIP, isa, q4_k_sums, q6_k_sums, q8_0_sums
+from .simd import (Q4_K_HEADER, Q6_K_HEADER, Q8_0_HEADER, ROWS, SIGNED_FLIP, isa, q4_k_block,
+                   q6_k_block, q8_0_block)
 from .stack import stack_array
 from .tile_gemm import tile_gemm
 from .tiled import GEMM_ROWS, TILE
 
 #: per type: (file bytes per 256 inputs of a row, header bytes of a tile-block)
-_GEOMETRY = {QT.Q8_0: (8 * 34, 8 * 2 * ROWS), QT.Q4_K: (144, 16 * ROWS), QT.Q6_K: (210, 18 * ROWS)}
+_GEOMETRY = {QT.Q8_0: (8 * 34, Q8_0_HEADER), QT.Q4_K: (144, Q4_K_HEADER),
+             QT.Q6_K: (210, Q6_K_HEADER)}
 TYPES = frozenset(_GEOMETRY)
 _Q8_0, _Q4_K, _Q6_K = 8, 12, 14
 #: the most rows the integer kernels take at once (a batched step's sequences)
 MAX_ROWS = GEMM_ROWS - 1
-_SUMS = 16 * ROWS  # a block's integer sums: at most 16 sub-blocks of 16 rows
+_ACC = MAX_ROWS * ROWS  # a tile's float32 outputs for every row
 
 
 def supported(qtype: QT, shape: tuple[int, int]) -> bool:
@@ -74,15 +76,17 @@ def _pack(kind, raw, packed, header_bytes, flip):
                 if kind == _Q8_0:
                     for blk in range(8):
                         src = (sb * 8 + blk) * 34
-                        out[(blk * 2) * ROWS + j] = row[src]
-                        out[(blk * 2 + 1) * ROWS + j] = row[src + 1]
+                        out[32 * blk + 2 * j] = row[src]
+                        out[32 * blk + 2 * j + 1] = row[src + 1]
                         for g in range(8):
                             _put_group(out, header_bytes + (blk * 8 + g) * 64, row,
                                        j, src + 2 + 4 * g, flip)
                 elif kind == _Q4_K:
                     src = sb * 144  # d(2) dmin(2) scales(12) qs(128)
-                    for k in range(16):
-                        out[k * ROWS + j] = row[src + k]
+                    for k in range(4):  # d, dmin
+                        out[32 * (k // 2) + 2 * j + k % 2] = row[src + k]
+                    for k in range(12):
+                        out[64 + 16 * k + j] = row[src + 4 + k]
                     for c in range(4):
                         for g in range(8):
                             _put_group(out, header_bytes + (c * 8 + g) * 64, row, j,
@@ -90,9 +94,9 @@ def _pack(kind, raw, packed, header_bytes, flip):
                 else:  # Q6_K: ql(128) qh(64) scales(16) d(2)
                     src = sb * 210
                     for k in range(16):
-                        out[k * ROWS + j] = row[src + 192 + k]
-                    out[16 * ROWS + j] = row[src + 208]
-                    out[17 * ROWS + j] = row[src + 209]
+                        out[16 * k + j] = row[src + 192 + k]
+                    out[256 + 2 * j] = row[src + 208]
+                    out[256 + 2 * j + 1] = row[src + 209]
                     for n in range(2):
                         base = header_bytes + n * 24 * 64
                         for g in range(8):
@@ -105,92 +109,50 @@ def _pack(kind, raw, packed, header_bytes, flip):
 
 # --------------------------------------------------------------------- header values
 @njit(inline="always")
-def _half_at(h, k, j):
-    """The float16 whose low byte is at header position k, high byte at k + 1, row j."""
-    return _widen(np.uint16(h[k * ROWS + j]) | (np.uint16(h[(k + 1) * ROWS + j]) << np.uint16(8)))
+def _half_at(h, at, j):
+    """The float16 of row j in the header's run of 16 float16 at byte `at`."""
+    return _widen(np.uint16(h[at + 2 * j]) | (np.uint16(h[at + 2 * j + 1]) << np.uint16(8)))
 
 
 @njit(inline="always")
 def _q4_k_scale_min(h, s, j):
-    """Q4_K's 6-bit scale and min of sub-block s, row j (header bytes 4..15)."""
+    """Q4_K's 6-bit scale and min of sub-block s, row j (get_scale_min_k4)."""
+    q = 64 + j  # scale byte k of row j at 64 + 16k + j
     if s < 4:
-        return h[(4 + s) * ROWS + j] & 63, h[(8 + s) * ROWS + j] & 63
-    sc = (h[(8 + s) * ROWS + j] & 15) | ((h[(s) * ROWS + j] >> 6) << 4)
-    mn = (h[(8 + s) * ROWS + j] >> 4) | ((h[(4 + s) * ROWS + j] >> 6) << 4)
+        return h[q + 16 * s] & 63, h[q + 16 * (s + 4)] & 63
+    sc = (h[q + 16 * (s + 4)] & 15) | ((h[q + 16 * (s - 4)] >> 6) << 4)
+    mn = (h[q + 16 * (s + 4)] >> 4) | ((h[q + 16 * s] >> 6) << 4)
     return sc, mn
 
 
 # ------------------------------------------------------------------------ products
 @njit(parallel=True, cache=True)
-def products(kind, packed, header_bytes, bias, xq, xd, xs, out):
-    """out (R, tiles * 16) = the activation rows (xq (R, in) int8 codes, xd (R, in / 32 or
-    in / 256) float32 d, xs (R, in / 16) int32 sums of 16) times the packed matrix."""
+def products(kind, packed, xq, xd, xs, out):
+    """out (R, tiles * 16) = the activation rows (xq (R, in) int8 codes, xd (R, d per row)
+    float32 d, xs (R, in / 16) int32 sums of 16 codes) times the packed matrix: per tile of 16
+    rows, per 256 inputs, per activation row, one simd.py kernel."""
     n_tiles, n_super, tb = packed.shape
-    n_rows = xq.shape[0]
-    flat = packed.reshape(-1)
+    n_rows, n_in = xq.shape
+    n_d = xd.shape[1] // n_super  # d per 256 inputs: Q8_0 8, Q8_K 1
+    flat, codes, ds, sums = packed.reshape(-1), xq.reshape(-1), xd.reshape(-1), xs.reshape(-1)
     for t in prange(n_tiles):
-        sums = stack_array(1, _SUMS, np.int32)[0]
-        acc = stack_array(16, ROWS, np.float32)
-        d_w = stack_array(8, ROWS, np.float32)
-        dmin_w = stack_array(1, ROWS, np.float32)[0]
-        sc = stack_array(16, ROWS, np.float64)
-        mn = stack_array(8, ROWS, np.float64)
-        for r in range(n_rows):
-            for j in range(ROWS):
-                acc[r, j] = 0
+        acc = stack_array(1, _ACC, np.float32)[0]
+        for i in range(n_rows * ROWS):
+            acc[i] = 0
         for sb in range(n_super):
             at = (t * n_super + sb) * tb
-            h = packed[t, sb]
-            if kind == _Q8_0:
-                for blk in range(8):
-                    for j in range(ROWS):
-                        d_w[blk, j] = _half_at(h, 2 * blk, j)
-            elif kind == _Q4_K:
-                for j in range(ROWS):
-                    d_w[0, j] = _half_at(h, 0, j)
-                    dmin_w[j] = _half_at(h, 2, j)
-                for s in range(8):
-                    for j in range(ROWS):
-                        a, m = _q4_k_scale_min(h, s, j)
-                        sc[s, j] = np.float64(a)
-                        mn[s, j] = np.float64(m)
-            else:
-                for j in range(ROWS):
-                    d_w[0, j] = _half_at(h, 16, j)
-                for s in range(16):
-                    for j in range(ROWS):
-                        sc[s, j] = np.float64(np.int8(h[s * ROWS + j]))
             for r in range(n_rows):
-                x_at = np.int64(r) * xq.shape[1] + sb * 256
+                args = (flat, at, codes, r * n_in + sb * 256, ds, (r * n_super + sb) * n_d,
+                        sums, r * (n_in // 16) + sb * 16, acc, r * ROWS)
                 if kind == _Q8_0:
-                    q8_0_sums(flat, at + header_bytes, xq.reshape(-1), x_at, sums)
-                    for blk in range(8):
-                        dx = xd[r, sb * 8 + blk]
-                        total = (xs[r, sb * 16 + 2 * blk] + xs[r, sb * 16 + 2 * blk + 1]) * bias
-                        for j in range(ROWS):
-                            acc[r, j] += (d_w[blk, j] * dx) * np.float32(
-                                sums[blk * ROWS + j] - total)
+                    q8_0_block(*args)
                 elif kind == _Q4_K:
-                    q4_k_sums(flat, at + header_bytes, xq.reshape(-1), x_at, sums)
-                    dx = xd[r, sb]
-                    for j in range(ROWS):
-                        si, sm = 0.0, 0.0
-                        for s in range(8):
-                            si += sc[s, j] * sums[s * ROWS + j]
-                            sm += mn[s, j] * (xs[r, sb * 16 + 2 * s] + xs[r, sb * 16 + 2 * s + 1])
-                        acc[r, j] += (d_w[0, j] * dx) * np.float32(si) \
-                            - (dmin_w[j] * dx) * np.float32(sm)
+                    q4_k_block(*args)
                 else:
-                    q6_k_sums(flat, at + header_bytes, xq.reshape(-1), x_at, sums)
-                    dx = xd[r, sb]
-                    for j in range(ROWS):
-                        si = 0.0
-                        for s in range(16):
-                            si += sc[s, j] * (sums[s * ROWS + j] - 32 * xs[r, sb * 16 + s])
-                        acc[r, j] += (d_w[0, j] * dx) * np.float32(si)
+                    q6_k_block(*args)
         for r in range(n_rows):
             for j in range(ROWS):
-                out[r, t * ROWS + j] = acc[r, j]
+                out[r, t * ROWS + j] = acc[r * ROWS + j]
 
 
 # ------------------------------------------------------------------------ decoding
@@ -205,13 +167,13 @@ def decode(kind, packed, header_bytes, flip, t, w):
         for j in range(ROWS):
             if kind == _Q8_0:
                 for blk in range(8):
-                    d = _half_at(h, 2 * blk, j)
+                    d = _half_at(h, 32 * blk, j)
                     for g in range(8):
                         for i in range(4):
                             q = np.int8(h[c + (blk * 8 + g) * 64 + 4 * j + i] ^ flip)
                             w[i0 + blk * 32 + 4 * g + i, j] = d * np.float32(q)
             elif kind == _Q4_K:
-                d, dmin = _half_at(h, 0, j), _half_at(h, 2, j)
+                d, dmin = _half_at(h, 0, j), _half_at(h, 32, j)
                 for s in range(8):
                     a, m = _q4_k_scale_min(h, s, j)
                     scale, low = d * np.float32(a), dmin * np.float32(m)
@@ -222,7 +184,7 @@ def decode(kind, packed, header_bytes, flip, t, w):
                             q = (byte >> 4) if upper else (byte & 15)
                             w[i0 + 32 * s + 4 * g + i, j] = scale * np.float32(q) - low
             else:
-                d = _half_at(h, 16, j)
+                d = _half_at(h, 256, j)
                 for n in range(2):
                     base = c + n * 24 * 64
                     for g in range(8):
@@ -236,7 +198,7 @@ def decode(kind, packed, header_bytes, flip, t, w):
                                 nibble = (low & 15) if k < 2 else (low >> 4)
                                 q = (nibble | (((qh >> (2 * k)) & 3) << 4)) - 32
                                 sub = (v + 32 * k) // 16
-                                scale = d * np.float32(np.int8(h[sub * ROWS + j]))
+                                scale = d * np.float32(np.int8(h[16 * sub + j]))
                                 w[i0 + v + 32 * k, j] = scale * np.float32(q)
 
 
@@ -252,7 +214,6 @@ class IntDotMatrix:
         self.n_out, self.n_in = n_out, n_in
         self.header_bytes = _GEOMETRY[qtype][1]
         self.flip = SIGNED_FLIP[isa()] if qtype == QT.Q8_0 else 0
-        self.bias = 128 if self.flip else 0  # what (w ^ 128) . x adds: 128 * sum(x)
         self.dot_type = act_quant.DOT_TYPE[qtype]
         # tile_gemm's tiles of TILE rows: TILE // ROWS of ours each
         self.gemm_tiles = -(-packed.shape[0] * ROWS // TILE)
@@ -283,7 +244,7 @@ class IntDotMatrix:
             return out[:, :self.n_out]
         out = np.empty((n, self.codes.shape[0] * ROWS), np.float32)
         xq, xd, xs = act_quant.quantize(self.dot_type, x)
-        products(self.kind, self.codes, self.header_bytes, self.bias, xq, xd, xs, out)
+        products(self.kind, self.codes, xq, xd, xs, out)
         return out[:, :self.n_out]
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:

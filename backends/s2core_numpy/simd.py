@@ -84,7 +84,8 @@ class _Emitter:
                 mod, ir.FunctionType(self.bytes_t, [self.bytes_t, ir.IntType(1)]),
                 "llvm.abs.v32i8")
 
-    def splat(self, value: int) -> list:
+    def bytes_splat(self, value: int) -> list:
+        """A constant byte in every byte of a group."""
         return [ir.Constant(self.bytes_t, [value] * self.bytes_t.count)] * self.parts
 
     def zero(self) -> list:
@@ -143,12 +144,59 @@ class _Emitter:
         signed_x = [self.b.call(self._sign, [a, v]) for a, v in zip(x, w)]
         return self.dot(acc, list(zip([abs_w], [signed_x])))
 
-    def store(self, acc: list, base, offset) -> None:
-        """The 16 int32 sums at int32 index `offset` of the int32 pointer `base`."""
+    # --- per-row values: one per output row of the group, as int32 or float32 vectors
+    def _part_ptr(self, base, offset, element, p: int):
+        lanes = self.sums_t.count
+        at = self.b.add(offset, ir.Constant(offset.type, p * lanes))
+        return self.b.bitcast(self.b.gep(base, [at]), ir.VectorType(element, lanes).as_pointer())
+
+    def row_bytes(self, base, offset, signed: bool) -> list:
+        """The 16 bytes at byte `offset` (one per row) as int32, sign- or zero-extended."""
+        ext = self.b.sext if signed else self.b.zext
+        return [ext(self.b.load(self._part_ptr(base, offset, _I8, p), align=1), self.sums_t)
+                for p in range(self.parts)]
+
+    def row_byte_vectors(self, base, offset) -> list:
+        """The 16 bytes at byte `offset` as byte vectors (bit operations before widening)."""
+        return [self.b.load(self._part_ptr(base, offset, _I8, p), align=1)
+                for p in range(self.parts)]
+
+    def widen(self, values: list, signed: bool = False) -> list:
+        ext = self.b.sext if signed else self.b.zext
+        return [ext(v, self.sums_t) for v in values]
+
+    def row_halves(self, base, offset) -> list:
+        """The 16 float16 at byte `offset` (row j at offset + 2j) as float32 vectors."""
+        lanes = self.sums_t.count
+        out = []
         for p in range(self.parts):
-            at = self.b.add(offset, ir.Constant(offset.type, p * self.sums_t.count))
-            ptr = self.b.bitcast(self.b.gep(base, [at]), self.sums_t.as_pointer())
-            self.b.store(acc[p], ptr, align=4)
+            at = self.b.add(offset, ir.Constant(offset.type, 2 * p * lanes))
+            ptr = self.b.bitcast(self.b.gep(base, [at]),
+                                 ir.VectorType(ir.HalfType(), lanes).as_pointer())
+            out.append(self.b.fpext(self.b.load(ptr, align=1),
+                                    ir.VectorType(ir.FloatType(), lanes)))
+        return out
+
+    def scalar(self, base, index, element) -> ir.Value:
+        return self.b.load(self.b.gep(base, [index]))
+
+    def splat(self, value: ir.Value) -> list:
+        """A scalar in every lane of a per-row vector."""
+        vec_t = ir.VectorType(value.type, self.sums_t.count)
+        one = self.b.insert_element(ir.Constant(vec_t, None), value, ir.Constant(_I32, 0))
+        return [self.b.shuffle_vector(one, ir.Constant(vec_t, None),
+                                      ir.Constant(ir.VectorType(_I32, vec_t.count),
+                                                  [0] * vec_t.count))] * self.parts
+
+    def to_float(self, values: list) -> list:
+        return [self.b.sitofp(v, ir.VectorType(ir.FloatType(), self.sums_t.count))
+                for v in values]
+
+    def add_to_rows(self, base, offset, values: list) -> None:
+        """float32 rows at element `offset` of `base` += values."""
+        for p in range(self.parts):
+            ptr = self._part_ptr(base, offset, ir.FloatType(), p)
+            self.b.store(self.b.fadd(self.b.load(ptr, align=4), values[p]), ptr, align=4)
 
 
 def _const(value: int) -> ir.Constant:
@@ -156,21 +204,23 @@ def _const(value: int) -> ir.Constant:
 
 
 def _make(body):
-    """An intrinsic (codes, at, x, x_at, sums) -> None: `body(emitter, codes_ptr, at, x_ptr,
-    x_at, sums_ptr)` emits the IR; codes uint8, x int8 and sums int32 are 1-D contiguous
-    arrays, at / x_at int64 offsets into codes and x."""
+    """An intrinsic (codes, at, x, x_at, xd, xd_at, xs, xs_at, out, out_at) -> None that adds
+    one activation row's product with one tile-block (int_dots.py) to 16 float32 outputs:
+    codes uint8 (the tile-block at byte `at`), x int8 codes (its 256 inputs from `x_at`), xd
+    float32 d (from `xd_at`), xs int32 sums of 16 codes (from `xs_at`), out float32 (the 16
+    rows from `out_at`); all 1-D contiguous arrays, offsets int64. `body(emitter, pointers,
+    offsets)` emits the IR."""
 
     @intrinsic
-    def kernel(typingctx, codes, at, x, x_at, sums):
-        sig = types.void(codes, at, x, x_at, sums)
+    def kernel(typingctx, codes, at, x, x_at, xd, xd_at, xs, xs_at, out, out_at):
+        sig = types.void(codes, at, x, x_at, xd, xd_at, xs, xs_at, out, out_at)
 
         def codegen(context, builder, signature, args):
-            def data(i):
-                return context.make_array(signature.args[i])(context, builder, args[i]).data
-
-            at, x_at = (context.cast(builder, args[i], signature.args[i], types.int64)
-                        for i in (1, 3))
-            body(_Emitter(builder, isa()), data(0), at, data(2), x_at, data(4))
+            ptrs = [context.make_array(signature.args[i])(context, builder, args[i]).data
+                    for i in (0, 2, 4, 6, 8)]
+            offsets = [context.cast(builder, args[i], signature.args[i], types.int64)
+                       for i in (1, 3, 5, 7, 9)]
+            body(_Emitter(builder, isa()), ptrs, offsets)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -179,73 +229,127 @@ def _make(body):
 
 
 # ------------------------------------------------------------------ the three types
-def _q8_0(e: _Emitter, codes, at, x, x_at, sums) -> None:
-    """8 Q8_0 blocks of 16 rows (8 groups each, signed codes) against 256 activation codes:
-    sums[b * 16 + j] = block b's integer dot for row j."""
+# Tile-block layouts (int_dots.py packs them; header first, then the code groups):
+# Q8_0 (8 blocks): header 8 x 32 bytes, block b's float16 d of row j at 32b + 2j; groups
+#     [block][8 groups], the signed codes (xor SIGNED_FLIP).
+# Q4_K: header: d at 2j, dmin at 32 + 2j, scale byte k (0..11) of row j at 64 + 16k + j;
+#     groups [chunk c][8 groups], byte = input 64c + 4g + i (low nibble, sub-block 2c) and
+#     input 64c + 32 + 4g + i (high nibble, sub-block 2c + 1).
+# Q6_K: header: int8 scale s of row j at 16s + j, d at 256 + 2j; groups per half n:
+#     ql[64n + 4g..] (8), ql[64n + 32 + 4g..] (8), qh[32n + 4g..] (8), Q6_K's own order.
+Q8_0_HEADER, Q4_K_HEADER, Q6_K_HEADER = 256, 256, 288
+
+
+def _q8_0(e: _Emitter, ptrs, offsets) -> None:
+    codes, x, xd, xs, out = ptrs
+    at, x_at, xd_at, xs_at, out_at = offsets
+    b = e.b
+    total = None
     for block in range(8):
         acc = e.zero()
         for g in range(8):
-            w = e.load(codes, e.b.add(at, _const((block * 8 + g) * GROUP_BYTES)))
-            acc = e.signed_dot(acc, w, e.broadcast(x, e.b.add(x_at, _const(block * 32 + 4 * g))))
-        e.store(acc, sums, _const(block * ROWS))
+            w = e.load(codes, b.add(at, _const(Q8_0_HEADER + (block * 8 + g) * GROUP_BYTES)))
+            acc = e.signed_dot(acc, w, e.broadcast(x, b.add(x_at, _const(block * 32 + 4 * g))))
+        if e.kind == "vnni":  # (w + 128) . x: less 128 * sum(x) of the block
+            x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * block)), _I32),
+                          e.scalar(xs, b.add(xs_at, _const(2 * block + 1)), _I32))
+            acc = e.op("sub", acc, e.splat(b.shl(x_sum, ir.Constant(_I32, 7))))
+        d_x = e.splat(e.scalar(xd, b.add(xd_at, _const(block)), None))
+        d = e.op("fmul", e.row_halves(codes, b.add(at, _const(32 * block))), d_x)
+        term = e.op("fmul", d, e.to_float(acc))
+        total = term if total is None else e.op("fadd", total, term)
+    e.add_to_rows(out, out_at, total)
 
 
-def _q4_k(e: _Emitter, codes, at, x, x_at, sums) -> None:
-    """One Q4_K block of 16 rows (4 chunks x 8 groups; a byte's low nibble is an input of
-    sub-block 2c, its high nibble the same input of sub-block 2c + 1) against its 256
-    activation codes: sums[s * 16 + j] = sub-block s's integer dot for row j."""
-    low_mask = e.splat(15)
+def _q4_k(e: _Emitter, ptrs, offsets) -> None:
+    codes, x, xd, xs, out = ptrs
+    at, x_at, xd_at, xs_at, out_at = offsets
+    b = e.b
+    low_mask = e.bytes_splat(15)
+    header = [e.row_byte_vectors(codes, b.add(at, _const(64 + 16 * k))) for k in range(12)]
+    m63, m15 = ([ir.Constant(v.type, [n] * v.type.count) for v in header[0]] for n in (63, 15))
+    six, four = ([ir.Constant(v.type, [n] * v.type.count) for v in header[0]] for n in (6, 4))
+
+    def scale_min(s: int) -> tuple[list, list]:
+        """get_scale_min_k4: sub-block s's 6-bit scale and min, per row."""
+        if s < 4:
+            return (e.widen(e.op("and_", header[s], m63)),
+                    e.widen(e.op("and_", header[s + 4], m63)))
+        sc = e.op("or_", e.op("and_", header[s + 4], m15),
+                  e.op("shl", e.op("lshr", header[s - 4], six), four))
+        mn = e.op("or_", e.op("lshr", header[s + 4], four),
+                  e.op("shl", e.op("lshr", header[s], six), four))
+        return e.widen(sc), e.widen(mn)
+
+    sum_scaled, sum_mins = e.zero(), e.zero()
     for chunk in range(4):
         low, high = e.zero(), e.zero()
         for g in range(0, 8, 2):
             pairs_low, pairs_high = [], []
             for gg in (g, g + 1):
-                w = e.load(codes, e.b.add(at, _const((chunk * 8 + gg) * GROUP_BYTES)))
-                xl = e.broadcast(x, e.b.add(x_at, _const(64 * chunk + 4 * gg)))
-                xh = e.broadcast(x, e.b.add(x_at, _const(64 * chunk + 32 + 4 * gg)))
+                w = e.load(codes, b.add(at, _const(Q4_K_HEADER + (chunk * 8 + gg) * GROUP_BYTES)))
+                xl = e.broadcast(x, b.add(x_at, _const(64 * chunk + 4 * gg)))
+                xh = e.broadcast(x, b.add(x_at, _const(64 * chunk + 32 + 4 * gg)))
                 pairs_low.append((e.op("and_", w, low_mask), xl))
-                pairs_high.append((e.op("lshr", w, e.splat(4)), xh))
+                pairs_high.append((e.op("lshr", w, e.bytes_splat(4)), xh))
             low, high = e.dot(low, pairs_low), e.dot(high, pairs_high)
-        e.store(low, sums, _const(2 * chunk * ROWS))
-        e.store(high, sums, _const((2 * chunk + 1) * ROWS))
+        for s, sums in ((2 * chunk, low), (2 * chunk + 1, high)):
+            sc, mn = scale_min(s)
+            x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * s)), _I32),
+                          e.scalar(xs, b.add(xs_at, _const(2 * s + 1)), _I32))
+            sum_scaled = e.op("add", sum_scaled, e.op("mul", sc, sums))
+            sum_mins = e.op("add", sum_mins, e.op("mul", mn, e.splat(x_sum)))
+    d_x = e.splat(e.scalar(xd, xd_at, None))
+    d = e.op("fmul", e.row_halves(codes, at), d_x)
+    dmin = e.op("fmul", e.row_halves(codes, b.add(at, _const(32))), d_x)
+    e.add_to_rows(out, out_at, e.op("fsub", e.op("fmul", d, e.to_float(sum_scaled)),
+                                    e.op("fmul", dmin, e.to_float(sum_mins))))
 
 
-def _q6_k(e: _Emitter, codes, at, x, x_at, sums) -> None:
-    """One Q6_K block of 16 rows against its 256 activation codes: sums[s * 16 + j] =
-    sub-block s's (16 inputs) integer dot of the unsigned 6-bit codes (0..63) for row j; the
-    caller subtracts 32 * the sub-block's activation sum. Per half n of the block, per group g:
-    three groups of bytes, ql0 = ql[64n + 4g..], ql1 = ql[64n + 32 + 4g..], qh = qh[32n + 4g..]
-    (Q6_K's own byte order: int_dots.py), giving inputs 128n + 32k + 4g.. for k = 0..3."""
-    low_mask, two = e.splat(15), e.splat(3)
+def _q6_k(e: _Emitter, ptrs, offsets) -> None:
+    codes, x, xd, xs, out = ptrs
+    at, x_at, xd_at, xs_at, out_at = offsets
+    b = e.b
+    low_mask, two = e.bytes_splat(15), e.bytes_splat(3)
+    total = e.zero()
     for half in range(2):
-        base = half * 24 * GROUP_BYTES
-        acc = [e.zero() for _ in range(8)]  # [k * 2 + (g >= 4)]: sub-block 8n + 2k + g // 4
-        for g in range(8):
-            ql0 = e.load(codes, e.b.add(at, _const(base + g * GROUP_BYTES)))
-            ql1 = e.load(codes, e.b.add(at, _const(base + (8 + g) * GROUP_BYTES)))
-            qh = e.load(codes, e.b.add(at, _const(base + (16 + g) * GROUP_BYTES)))
-            values = [
-                e.op("or_", e.op("and_", ql0, low_mask), e.op("shl", e.op("and_", qh, two),
-                                                               e.splat(4))),
-                e.op("or_", e.op("and_", ql1, low_mask),
-                     e.op("shl", e.op("and_", e.op("lshr", qh, e.splat(2)), two), e.splat(4))),
-                e.op("or_", e.op("lshr", ql0, e.splat(4)),
-                     e.op("shl", e.op("and_", e.op("lshr", qh, e.splat(4)), two), e.splat(4))),
-                e.op("or_", e.op("lshr", ql1, e.splat(4)),
-                     e.op("shl", e.op("lshr", qh, e.splat(6)), e.splat(4))),
-            ]
-            for k, v in enumerate(values):
-                xk = e.broadcast(x, e.b.add(x_at, _const(128 * half + 32 * k + 4 * g)))
-                slot = 2 * k + g // 4
-                acc[slot] = e.dot(acc[slot], [(v, xk)])
-        for k in range(4):
-            for upper in range(2):
-                e.store(acc[2 * k + upper], sums, _const((8 * half + 2 * k + upper) * ROWS))
+        base = Q6_K_HEADER + half * 24 * GROUP_BYTES
+        for quarter in range(2):  # groups 4q..4q+3: the first or second 16 of each 32
+            acc = [e.zero() for _ in range(4)]  # per k: sub-block 8n + 2k + quarter
+            for g in range(4 * quarter, 4 * quarter + 4, 2):
+                pairs = [[] for _ in range(4)]
+                for gg in (g, g + 1):
+                    ql0 = e.load(codes, b.add(at, _const(base + gg * GROUP_BYTES)))
+                    ql1 = e.load(codes, b.add(at, _const(base + (8 + gg) * GROUP_BYTES)))
+                    qh = e.load(codes, b.add(at, _const(base + (16 + gg) * GROUP_BYTES)))
+
+                    def high_bits(shift):
+                        bits = e.op("lshr", qh, e.bytes_splat(shift)) if shift else qh
+                        if shift != 6:
+                            bits = e.op("and_", bits, two)
+                        return e.op("shl", bits, e.bytes_splat(4))
+
+                    values = [e.op("or_", e.op("and_", ql0, low_mask), high_bits(0)),
+                              e.op("or_", e.op("and_", ql1, low_mask), high_bits(2)),
+                              e.op("or_", e.op("lshr", ql0, e.bytes_splat(4)), high_bits(4)),
+                              e.op("or_", e.op("lshr", ql1, e.bytes_splat(4)), high_bits(6))]
+                    for k, v in enumerate(values):
+                        xk = e.broadcast(x, b.add(x_at, _const(128 * half + 32 * k + 4 * gg)))
+                        pairs[k].append((v, xk))
+                acc = [e.dot(acc[k], pairs[k]) for k in range(4)]
+            for k in range(4):
+                s = 8 * half + 2 * k + quarter
+                sc = e.row_bytes(codes, b.add(at, _const(16 * s)), signed=True)
+                x_sum = b.shl(e.scalar(xs, b.add(xs_at, _const(s)), _I32), ir.Constant(_I32, 5))
+                total = e.op("add", total, e.op("mul", sc, e.op("sub", acc[k], e.splat(x_sum))))
+    d_x = e.splat(e.scalar(xd, xd_at, None))
+    d = e.op("fmul", e.row_halves(codes, b.add(at, _const(256))), d_x)
+    e.add_to_rows(out, out_at, e.op("fmul", d, e.to_float(total)))
 
 
-q8_0_sums = _make(_q8_0)
-q4_k_sums = _make(_q4_k)
-q6_k_sums = _make(_q6_k)
+q8_0_block = _make(_q8_0)
+q4_k_block = _make(_q4_k)
+q6_k_block = _make(_q6_k)
 
 #: what signed weight codes are stored xor, by ISA (signed_dot)
 SIGNED_FLIP = {"vnni": 128, "avx2": 0, "": 0}
