@@ -46,13 +46,36 @@ def numpy_codec_capabilities() -> CodecCapabilities:
                              priority=CODEC_PRIORITY)
 
 
-#: the arithmetic a load uses when none is named (act_quant.py; README "Arithmetic"): "f32",
-#: since rounding the activation costs a little time and the kernels still multiply in float32
-DEFAULT_ARITHMETIC = "f32"
+def integer_kernels_expected() -> bool:
+    """Whether numba's integer kernels (int_dots.py) will run here: numba installed and the CPU
+    numba compiles for has AVX2 or AVX-512 VNNI (simd.isa() says it at load; this reads the
+    same facts without importing numba: NUMBA_CPU_FEATURES, else /proc/cpuinfo)."""
+    import os
+    if not numba_available():
+        return False
+    features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features is not None:
+        on = {f[1:] for f in features.split(",") if f.startswith("+")}
+    else:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((line for line in f if line.startswith("flags")), "")
+        except OSError:  # not Linux: not known, so not promised
+            return False
+        on = set(flags.split(":")[-1].split())
+        on |= {"avx512vnni"} if "avx512_vnni" in on else set()
+    return "avx2" in on or {"avx512f", "avx512bw", "avx512vnni"} <= on
+
+
+def default_arithmetic() -> str:
+    """The arithmetic a load uses when none is named (README "Arithmetic"): "ggml", s2.cpp's
+    numbers, where the integer kernels make it the faster one (int_dots.py); else "f32", since
+    rounding the activation for float32 kernels costs a little time (act_quant.py)."""
+    return "ggml" if integer_kernels_expected() else "f32"
 
 
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None,
-                       arithmetic: str = DEFAULT_ARITHMETIC) -> Capabilities:
+                       arithmetic: str | None = None) -> Capabilities:
     """numba_kernels: F16, Q8_0 and block-quantized matrices kept in their file type; None =
     when numba is there. An F16 cache is held in float32 (f16-rounded values) so attention
     reads it in place. arithmetic: "ggml" (s2.cpp's activation rounding, act_quant.py) or
@@ -71,7 +94,7 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
                         if numba_kernels else (), codec=numpy_codec_capabilities(),
                         max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
                         arithmetics=("ggml", "f32"),
-                        arithmetic=arithmetic)
+                        arithmetic=arithmetic or default_arithmetic())
 
 
 def probe() -> Probe:
@@ -93,7 +116,7 @@ OPTIONS = (
     Option("arithmetic", choices=(None, "ggml", "f32"), default=None,
            doc="products with non-F32 weights: \"ggml\" rounds the activation as s2.cpp does "
                "(8-bit blocks, f16 for F16 weights), \"f32\" feeds it as float32 "
-               "(None: the default, \"f32\")"),
+               "(None: \"ggml\" where numba's integer kernels run, AVX2 or AVX-512 VNNI; else \"f32\")"),
 )
 
 

@@ -38,7 +38,7 @@ def _tile_buffer(n_in: int, tile: int) -> np.ndarray:
 
 def tile_gemm(matrix, x: np.ndarray, out: np.ndarray) -> None:
     """out (n, padded out) = x (n, in) @ W^T for a tiled matrix (tiled.TiledMatrix)."""
-    n_tiles = matrix.gemm_tiles
+    n_tiles = matrix.codes.shape[0]
     tile = out.shape[1] // n_tiles
 
     def product(t: int) -> None:

@@ -87,11 +87,6 @@ class TiledMatrix:
     def nbytes(self) -> int:
         return self.codes.nbytes
 
-    @property
-    def gemm_tiles(self) -> int:
-        """tile_gemm's items: this layout's tiles of TILE rows."""
-        return self.codes.shape[0]
-
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """x (n, in) float32 -> (n, out) float32."""
         x = np.ascontiguousarray(x, dtype=np.float32)

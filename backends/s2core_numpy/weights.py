@@ -18,7 +18,7 @@ from s2core.plugin import ModelFile
 
 from s2core.plugin import check_option
 
-from .plugin import DEFAULT_ARITHMETIC, NUMBA_BLOCK_TYPES, numba_available
+from .plugin import NUMBA_BLOCK_TYPES, default_arithmetic, numba_available
 
 #: turn the numba kernels off for the whole process (tests of the fallback path; the
 #: `numba_kernels=False` backend option does it for one backend)
@@ -35,7 +35,7 @@ def arithmetic_for(arithmetic: str | None) -> str:
     """The arithmetic a load uses: the one named, else the default. "ggml" works on kept and
     widened weights alike: it rounds the activation by the file's type of the weight."""
     check_option("arithmetic", arithmetic, (None, "ggml", "f32"))
-    return DEFAULT_ARITHMETIC if arithmetic is None else arithmetic
+    return default_arithmetic() if arithmetic is None else arithmetic
 
 
 class WeightLoader:

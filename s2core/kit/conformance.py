@@ -157,7 +157,8 @@ class BackendConformance(ContractRules, ThreadAndLifeCycleRules, DeclaredMemoryR
         prompt, _ = prompt_and_frames(config)
         m.init_kv_cache(self.capacity)
         r = m.prefill_fast(prompt)
-        ref = kit_reference(config, weight_type).forward(prompt)
+        # the reference in the arithmetic the model declares (kit/arithmetic.py)
+        ref = kit_reference(config, weight_type, m.capabilities.arithmetic).forward(prompt)
         caps = m.capabilities
         assert r.hidden.shape == (m.hparams.dim,) and r.hidden.dtype == np.float32
         assert r.logits.shape == (m.hparams.vocab_size,) and r.logits.dtype == np.float32
@@ -176,7 +177,7 @@ class BackendConformance(ContractRules, ThreadAndLifeCycleRules, DeclaredMemoryR
     def test_steps_match_reference(self, open_model, config, weight_type):
         m = open_model(config, weight_type)
         prompt, frames = prompt_and_frames(config)
-        ref = kit_reference(config, weight_type)
+        ref = kit_reference(config, weight_type, m.capabilities.arithmetic)
         m.init_kv_cache(self.capacity)
         m.prefill(prompt)
         seq = prompt
@@ -193,7 +194,7 @@ class BackendConformance(ContractRules, ThreadAndLifeCycleRules, DeclaredMemoryR
     @pytest.mark.parametrize("config,weight_type", MATRIX, ids=MATRIX_IDS)
     def test_fast_decode_matches_reference(self, open_model, config, weight_type):
         m = open_model(config, weight_type)
-        ref = kit_reference(config, weight_type)
+        ref = kit_reference(config, weight_type, m.capabilities.arithmetic)
         hp = m.hparams
         rng = np.random.default_rng(3)
         hidden = rng.standard_normal(hp.dim).astype(np.float32)

@@ -237,7 +237,7 @@ class ContractRules:
         offered = s2core.get_registry().info(backend).capabilities.supported_kv_cache_dtypes
         cache = {"kv_cache_dtype": "f32"} if "f32" in offered else {}
         m = open_model("gqa4", "f16", **cache)  # f16 weights: half-compute backends use them as is
-        ref = kit_reference("gqa4", "f16")
+        ref = kit_reference("gqa4", "f16", m.capabilities.arithmetic)
         prompt, frames = _prompt("gqa4", 16, seed=16)
         m.init_kv_cache(32)
         m.prefill(prompt)
