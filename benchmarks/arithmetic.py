@@ -1,11 +1,18 @@
 """arithmetic="ggml" against "f32" on the NumPy backend: decode step and Fast-AR frame, in one
-run, alternated, on the bench's S2 Pro-shaped files (4 layers by default).
+run, alternated, on the bench's S2 Pro-shaped files (4 layers by default), each against its
+read floor (the bytes it must stream at the read bandwidth sampled before and after the type).
 
     python benchmarks/arithmetic.py [--types q4_k_m,q6_k,q8_0,f16] [--layers 4] [--steps 15]
+    python benchmarks/arithmetic.py --avx2 ...   # the AVX2 code, on an AVX-512 machine
+    python benchmarks/arithmetic.py --layers 36 --types q4_k_m --rounds 1   # real size
 
-Prints and writes benchmarks/results/arithmetic-<date>-<time>.json with the CPU flags, the
-numba target, and the share of the CPU other processes took during the run (the machine may be
-shared: compare the ratios, treat absolute times with care).
+--avx2 compiles numba's kernels for a Haswell (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES: the
+name alone keeps the host's features), so AVX-512 machines measure what AVX2-only CPUs run.
+
+Prints and writes benchmarks/results/arithmetic-<date>-<time>[-avx2].json with the CPU model and
+flags, numba's target and the integer kernels' instruction set, and the share of the CPU other
+processes took during the run (the machine may be shared: compare the ratios, treat absolute
+times with care).
 """
 
 from __future__ import annotations
@@ -20,17 +27,18 @@ from pathlib import Path
 
 import numpy as np
 
-import s2core
+#: a Haswell's features (AVX2, FMA, F16C; no AVX-512), for --avx2
+HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,"
+           "+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,"
+           "+ssse3,+x87,+xsave,+xsaveopt")
+
+import s2core  # noqa: E402
+from s2core.benchmarking.bandwidth import measure_bandwidth
+from s2core.benchmarking.machine import cpu_flags, cpu_model
 from s2core.benchmarking.models import prepare_model
+from s2core.benchmarking.workload import floor_ms
 from s2core.embedded.writer import s2pro_hparams
 from s2core.kit.prompts import mixed_prompt, semantic_frame
-
-
-def cpu_flags() -> list[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return sorted(f for f in line.split(":")[1].split() if f.startswith(("avx", "fma")))
-    return []
 
 
 def cpu_times() -> tuple[float, float]:
@@ -71,7 +79,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--avx2", action="store_true",
+                    help="compile numba's kernels for a Haswell (AVX2, no AVX-512)")
     args = ap.parse_args()
+    if args.avx2:  # before numba is imported (the first load imports it)
+        os.environ["NUMBA_CPU_NAME"] = "haswell"
+        os.environ["NUMBA_CPU_FEATURES"] = HASWELL
     hp = s2pro_hparams(n_layer=args.layers)
     busy0, total0 = cpu_times()
     own0 = self_cpu()
@@ -79,6 +92,7 @@ def main() -> None:
     for wt in args.types.split(","):
         acct = prepare_model(hp, wt, seed=0, prefill_tokens=256)
         path = acct.path
+        bandwidths = [measure_bandwidth(256, 3).read_gbps]
         models = {a: s2core.load(path, backend="numpy", arithmetic=a) for a in ("f32", "ggml")}
         times = {a: {"step": [], "frame": []} for a in models}
         for _ in range(args.rounds):  # alternated, so a busy spell hits both
@@ -88,8 +102,17 @@ def main() -> None:
                 times[a]["frame"] += f
         for m in models.values():
             m.close()
+        bandwidths.append(measure_bandwidth(256, 3).read_gbps)
+        gbps = statistics.mean(bandwidths)
         row = {a: {k: statistics.median(v) * 1e3 for k, v in t.items()} for a, t in times.items()}
+        row["read_gbps_before_after"] = bandwidths
+        row["step_floor_ms"] = floor_ms(acct.step_read_bytes, gbps)
+        row["frame_floor_ms"] = floor_ms(acct.step_read_bytes + acct.fast_frame_read_bytes, gbps)
+        for a in models:
+            row[a]["step_over_floor"] = row[a]["step"] / row["step_floor_ms"]
+            row[a]["frame_over_floor"] = row[a]["frame"] / row["frame_floor_ms"]
         row["step_read_bytes"] = acct.step_read_bytes
+        row["frame_read_bytes"] = acct.step_read_bytes + acct.fast_frame_read_bytes
         row["ggml_over_f32_step"] = row["ggml"]["step"] / row["f32"]["step"]
         row["ggml_over_f32_frame"] = row["ggml"]["frame"] / row["f32"]["frame"]
         results[wt] = row
@@ -97,7 +120,9 @@ def main() -> None:
     busy1, total1 = cpu_times()
     wall_cpu = total1 - total0
     others = max(0.0, (busy1 - busy0) / 100.0 - (self_cpu() - own0)) / (wall_cpu / 100.0)
+    from s2core_numpy.simd import isa  # numba is imported by now
     report = {"layers": args.layers, "results_ms_median": results,
+              "cpu_model": cpu_model(), "integer_kernels": isa() or "none",
               "cpu_flags": cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
               "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "others_cpu_share": round(others, 3)}
@@ -105,7 +130,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = time.strftime("%Y%m%d-%H%M")
-    (out / f"arithmetic-{tag}{'-' + os.environ['NUMBA_CPU_NAME'] if os.environ.get('NUMBA_CPU_NAME') else ''}.json").write_text(json.dumps(report, indent=1))
+    suffix = f"-{args.layers}l" + ("-avx2" if args.avx2 else "")
+    (out / f"arithmetic-{tag}{suffix}.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

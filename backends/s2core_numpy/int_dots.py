@@ -32,8 +32,8 @@ from numba import njit, prange
 
 from . import act_quant
 from .f16 import _widen
-from .simd import (Q4_K_HEADER, Q6_K_HEADER, Q8_0_HEADER, ROWS, SIGNED_FLIP, isa, q4_k_block,
-                   q6_k_block, q8_0_block)
+from .simd import (BLOCK_ROWS, Q4_K_HEADER, Q6_K_HEADER, Q8_0_HEADER, ROWS, SIGNED_FLIP, isa,
+                   q4_k_block, q4_k_blocks, q6_k_block, q6_k_blocks, q8_0_block, q8_0_blocks)
 from .stack import stack_array
 
 #: per type: (file bytes per 256 inputs of a row, header bytes of a tile-block)
@@ -43,6 +43,8 @@ TYPES = frozenset(_GEOMETRY)
 _Q8_0, _Q4_K, _Q6_K = 8, 12, 14
 #: activation rows per pass over a tile (its float32 outputs sit on the stack)
 CHUNK = 16
+#: rows per kernel call (simd.BLOCK_ROWS)
+BLOCK = BLOCK_ROWS[isa()]
 _ACC = CHUNK * ROWS
 
 
@@ -142,16 +144,28 @@ def products(kind, packed, xq, xd, xs, out):
                 acc[i] = 0
             for sb in range(n_super):
                 at = (t * n_super + sb) * tb
-                for c in range(rows):
+                c = 0
+                while c < rows:  # BLOCK rows share each weight load, then one at a time
                     r = first + c
-                    args = (flat, at, codes, r * n_in + sb * 256, ds, (r * n_super + sb) * n_d,
-                            sums, r * (n_in // 16) + sb * 16, acc, c * ROWS)
-                    if kind == _Q8_0:
-                        q8_0_block(*args)
-                    elif kind == _Q4_K:
-                        q4_k_block(*args)
+                    args = (flat, at, codes, r * n_in + sb * 256, n_in, ds,
+                            (r * n_super + sb) * n_d, n_super * n_d, sums,
+                            r * (n_in // 16) + sb * 16, n_in // 16, acc, c * ROWS)
+                    if rows - c >= BLOCK:
+                        if kind == _Q8_0:
+                            q8_0_blocks(*args)
+                        elif kind == _Q4_K:
+                            q4_k_blocks(*args)
+                        else:
+                            q6_k_blocks(*args)
+                        c += BLOCK
                     else:
-                        q6_k_block(*args)
+                        if kind == _Q8_0:
+                            q8_0_block(*args)
+                        elif kind == _Q4_K:
+                            q4_k_block(*args)
+                        else:
+                            q6_k_block(*args)
+                        c += 1
             for c in range(rows):
                 for j in range(ROWS):
                     out[first + c, t * ROWS + j] = acc[c * ROWS + j]

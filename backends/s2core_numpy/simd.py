@@ -177,7 +177,7 @@ class _Emitter:
                                     ir.VectorType(ir.FloatType(), lanes)))
         return out
 
-    def scalar(self, base, index, element) -> ir.Value:
+    def scalar(self, base, index) -> ir.Value:
         return self.b.load(self.b.gep(base, [index]))
 
     def splat(self, value: ir.Value) -> list:
@@ -203,24 +203,41 @@ def _const(value: int) -> ir.Constant:
     return ir.Constant(ir.IntType(64), value)
 
 
-def _make(body):
-    """An intrinsic (codes, at, x, x_at, xd, xd_at, xs, xs_at, out, out_at) -> None that adds
-    one activation row's product with one tile-block (int_dots.py) to 16 float32 outputs:
-    codes uint8 (the tile-block at byte `at`), x int8 codes (its 256 inputs from `x_at`), xd
-    float32 d (from `xd_at`), xs int32 sums of 16 codes (from `xs_at`), out float32 (the 16
-    rows from `out_at`); all 1-D contiguous arrays, offsets int64. `body(emitter, pointers,
-    offsets)` emits the IR."""
+#: activation rows one kernel call takes, sharing each weight load and the block's scales:
+#: within VNNI's 32 vector registers four rows' accumulators fit; AVX2 has 16
+BLOCK_ROWS = {"vnni": 4, "avx2": 2, "": 1}
+
+
+def _make(body, n_rows: int):
+    """An intrinsic (codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step, out,
+    out_at) -> None that adds `n_rows` activation rows' products with one tile-block
+    (int_dots.py) to 16 float32 outputs each: codes uint8 (the tile-block at byte `at`), x int8
+    codes (row r's 256 inputs from x_at + r * x_step), xd float32 d, xs int32 sums of 16 codes
+    (likewise), out float32 (row r's 16 outputs from out_at + 16 r); 1-D contiguous arrays,
+    int64 offsets. `body(emitter, pointers, rows)` emits the IR; rows[r] holds row r's offsets
+    (x_at, xd_at, xs_at, out_at) and `at` is pointers' companion."""
 
     @intrinsic
-    def kernel(typingctx, codes, at, x, x_at, xd, xd_at, xs, xs_at, out, out_at):
-        sig = types.void(codes, at, x, x_at, xd, xd_at, xs, xs_at, out, out_at)
+    def kernel(typingctx, codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step,
+               out, out_at):
+        sig = types.void(codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step,
+                         out, out_at)
 
         def codegen(context, builder, signature, args):
-            ptrs = [context.make_array(signature.args[i])(context, builder, args[i]).data
-                    for i in (0, 2, 4, 6, 8)]
-            offsets = [context.cast(builder, args[i], signature.args[i], types.int64)
-                       for i in (1, 3, 5, 7, 9)]
-            body(_Emitter(builder, isa()), ptrs, offsets)
+            def array(i):
+                return context.make_array(signature.args[i])(context, builder, args[i]).data
+
+            def int64(i):
+                return context.cast(builder, args[i], signature.args[i], types.int64)
+
+            ptrs = [array(i) for i in (0, 2, 5, 8, 11)]
+            rows = []
+            for r in range(n_rows):
+                step = [builder.mul(int64(i), _const(r)) for i in (4, 7, 10)]
+                rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
+                             builder.add(int64(9), step[2]),
+                             builder.add(int64(12), _const(r * ROWS))])
+            body(_Emitter(builder, isa()), ptrs, int64(1), rows)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -240,84 +257,96 @@ def _make(body):
 Q8_0_HEADER, Q4_K_HEADER, Q6_K_HEADER = 256, 256, 288
 
 
-def _q8_0(e: _Emitter, ptrs, offsets) -> None:
+def _q8_0(e: _Emitter, ptrs, at, rows) -> None:
     codes, x, xd, xs, out = ptrs
-    at, x_at, xd_at, xs_at, out_at = offsets
     b = e.b
-    total = None
+    totals = [None] * len(rows)
     for block in range(8):
-        acc = e.zero()
+        accs = [e.zero() for _ in rows]
         for g in range(8):
             w = e.load(codes, b.add(at, _const(Q8_0_HEADER + (block * 8 + g) * GROUP_BYTES)))
-            acc = e.signed_dot(acc, w, e.broadcast(x, b.add(x_at, _const(block * 32 + 4 * g))))
-        if e.kind == "vnni":  # (w + 128) . x: less 128 * sum(x) of the block
-            x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * block)), _I32),
-                          e.scalar(xs, b.add(xs_at, _const(2 * block + 1)), _I32))
-            acc = e.op("sub", acc, e.splat(b.shl(x_sum, ir.Constant(_I32, 7))))
-        d_x = e.splat(e.scalar(xd, b.add(xd_at, _const(block)), None))
-        d = e.op("fmul", e.row_halves(codes, b.add(at, _const(32 * block))), d_x)
-        term = e.op("fmul", d, e.to_float(acc))
-        total = term if total is None else e.op("fadd", total, term)
-    e.add_to_rows(out, out_at, total)
+            for r, (x_at, _, _, _) in enumerate(rows):
+                xg = e.broadcast(x, b.add(x_at, _const(block * 32 + 4 * g)))
+                accs[r] = e.signed_dot(accs[r], w, xg)
+        d_w = e.row_halves(codes, b.add(at, _const(32 * block)))
+        for r, (_, xd_at, xs_at, _) in enumerate(rows):
+            acc = accs[r]
+            if e.kind == "vnni":  # (w + 128) . x: less 128 * sum(x) of the block
+                x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * block))),
+                              e.scalar(xs, b.add(xs_at, _const(2 * block + 1))))
+                acc = e.op("sub", acc, e.splat(b.shl(x_sum, ir.Constant(_I32, 7))))
+            d = e.op("fmul", d_w, e.splat(e.scalar(xd, b.add(xd_at, _const(block)))))
+            term = e.op("fmul", d, e.to_float(acc))
+            totals[r] = term if totals[r] is None else e.op("fadd", totals[r], term)
+    for r, (_, _, _, out_at) in enumerate(rows):
+        e.add_to_rows(out, out_at, totals[r])
 
 
-def _q4_k(e: _Emitter, ptrs, offsets) -> None:
+def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
     codes, x, xd, xs, out = ptrs
-    at, x_at, xd_at, xs_at, out_at = offsets
     b = e.b
     low_mask = e.bytes_splat(15)
     header = [e.row_byte_vectors(codes, b.add(at, _const(64 + 16 * k))) for k in range(12)]
-    m63, m15 = ([ir.Constant(v.type, [n] * v.type.count) for v in header[0]] for n in (63, 15))
-    six, four = ([ir.Constant(v.type, [n] * v.type.count) for v in header[0]] for n in (6, 4))
+
+    def const(n):
+        return [ir.Constant(v.type, [n] * v.type.count) for v in header[0]]
 
     def scale_min(s: int) -> tuple[list, list]:
         """get_scale_min_k4: sub-block s's 6-bit scale and min, per row."""
         if s < 4:
-            return (e.widen(e.op("and_", header[s], m63)),
-                    e.widen(e.op("and_", header[s + 4], m63)))
-        sc = e.op("or_", e.op("and_", header[s + 4], m15),
-                  e.op("shl", e.op("lshr", header[s - 4], six), four))
-        mn = e.op("or_", e.op("lshr", header[s + 4], four),
-                  e.op("shl", e.op("lshr", header[s], six), four))
+            return (e.widen(e.op("and_", header[s], const(63))),
+                    e.widen(e.op("and_", header[s + 4], const(63))))
+        sc = e.op("or_", e.op("and_", header[s + 4], const(15)),
+                  e.op("shl", e.op("lshr", header[s - 4], const(6)), const(4)))
+        mn = e.op("or_", e.op("lshr", header[s + 4], const(4)),
+                  e.op("shl", e.op("lshr", header[s], const(6)), const(4)))
         return e.widen(sc), e.widen(mn)
 
-    sum_scaled, sum_mins = e.zero(), e.zero()
+    n = len(rows)
+    sum_scaled, sum_mins = [e.zero() for _ in rows], [e.zero() for _ in rows]
     for chunk in range(4):
-        low, high = e.zero(), e.zero()
+        low, high = [e.zero() for _ in rows], [e.zero() for _ in rows]
         for g in range(0, 8, 2):
-            pairs_low, pairs_high = [], []
+            pairs_low, pairs_high = [[] for _ in rows], [[] for _ in rows]
             for gg in (g, g + 1):
                 w = e.load(codes, b.add(at, _const(Q4_K_HEADER + (chunk * 8 + gg) * GROUP_BYTES)))
-                xl = e.broadcast(x, b.add(x_at, _const(64 * chunk + 4 * gg)))
-                xh = e.broadcast(x, b.add(x_at, _const(64 * chunk + 32 + 4 * gg)))
-                pairs_low.append((e.op("and_", w, low_mask), xl))
-                pairs_high.append((e.op("lshr", w, e.bytes_splat(4)), xh))
-            low, high = e.dot(low, pairs_low), e.dot(high, pairs_high)
+                w_low, w_high = e.op("and_", w, low_mask), e.op("lshr", w, e.bytes_splat(4))
+                for r in range(n):
+                    x_at = rows[r][0]
+                    pairs_low[r].append((w_low, e.broadcast(x, b.add(x_at, _const(64 * chunk + 4 * gg)))))
+                    pairs_high[r].append((w_high, e.broadcast(
+                        x, b.add(x_at, _const(64 * chunk + 32 + 4 * gg)))))
+            for r in range(n):
+                low[r], high[r] = e.dot(low[r], pairs_low[r]), e.dot(high[r], pairs_high[r])
         for s, sums in ((2 * chunk, low), (2 * chunk + 1, high)):
             sc, mn = scale_min(s)
-            x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * s)), _I32),
-                          e.scalar(xs, b.add(xs_at, _const(2 * s + 1)), _I32))
-            sum_scaled = e.op("add", sum_scaled, e.op("mul", sc, sums))
-            sum_mins = e.op("add", sum_mins, e.op("mul", mn, e.splat(x_sum)))
-    d_x = e.splat(e.scalar(xd, xd_at, None))
-    d = e.op("fmul", e.row_halves(codes, at), d_x)
-    dmin = e.op("fmul", e.row_halves(codes, b.add(at, _const(32))), d_x)
-    e.add_to_rows(out, out_at, e.op("fsub", e.op("fmul", d, e.to_float(sum_scaled)),
-                                    e.op("fmul", dmin, e.to_float(sum_mins))))
+            for r in range(n):
+                xs_at = rows[r][2]
+                x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * s))),
+                              e.scalar(xs, b.add(xs_at, _const(2 * s + 1))))
+                sum_scaled[r] = e.op("add", sum_scaled[r], e.op("mul", sc, sums[r]))
+                sum_mins[r] = e.op("add", sum_mins[r], e.op("mul", mn, e.splat(x_sum)))
+    d_w = e.row_halves(codes, at)
+    dmin_w = e.row_halves(codes, b.add(at, _const(32)))
+    for r, (_, xd_at, _, out_at) in enumerate(rows):
+        d_x = e.splat(e.scalar(xd, xd_at))
+        d, dmin = e.op("fmul", d_w, d_x), e.op("fmul", dmin_w, d_x)
+        e.add_to_rows(out, out_at, e.op("fsub", e.op("fmul", d, e.to_float(sum_scaled[r])),
+                                        e.op("fmul", dmin, e.to_float(sum_mins[r]))))
 
 
-def _q6_k(e: _Emitter, ptrs, offsets) -> None:
+def _q6_k(e: _Emitter, ptrs, at, rows) -> None:
     codes, x, xd, xs, out = ptrs
-    at, x_at, xd_at, xs_at, out_at = offsets
     b = e.b
     low_mask, two = e.bytes_splat(15), e.bytes_splat(3)
-    total = e.zero()
+    n = len(rows)
+    totals = [e.zero() for _ in rows]
     for half in range(2):
         base = Q6_K_HEADER + half * 24 * GROUP_BYTES
         for quarter in range(2):  # groups 4q..4q+3: the first or second 16 of each 32
-            acc = [e.zero() for _ in range(4)]  # per k: sub-block 8n + 2k + quarter
+            acc = [[e.zero() for _ in range(4)] for _ in rows]  # [r][k]: sub-block 8n+2k+q
             for g in range(4 * quarter, 4 * quarter + 4, 2):
-                pairs = [[] for _ in range(4)]
+                pairs = [[[] for _ in range(4)] for _ in rows]
                 for gg in (g, g + 1):
                     ql0 = e.load(codes, b.add(at, _const(base + gg * GROUP_BYTES)))
                     ql1 = e.load(codes, b.add(at, _const(base + (8 + gg) * GROUP_BYTES)))
@@ -333,23 +362,31 @@ def _q6_k(e: _Emitter, ptrs, offsets) -> None:
                               e.op("or_", e.op("and_", ql1, low_mask), high_bits(2)),
                               e.op("or_", e.op("lshr", ql0, e.bytes_splat(4)), high_bits(4)),
                               e.op("or_", e.op("lshr", ql1, e.bytes_splat(4)), high_bits(6))]
-                    for k, v in enumerate(values):
-                        xk = e.broadcast(x, b.add(x_at, _const(128 * half + 32 * k + 4 * gg)))
-                        pairs[k].append((v, xk))
-                acc = [e.dot(acc[k], pairs[k]) for k in range(4)]
+                    for r in range(n):
+                        for k, v in enumerate(values):
+                            xk = e.broadcast(x, b.add(rows[r][0],
+                                                      _const(128 * half + 32 * k + 4 * gg)))
+                            pairs[r][k].append((v, xk))
+                for r in range(n):
+                    acc[r] = [e.dot(acc[r][k], pairs[r][k]) for k in range(4)]
             for k in range(4):
                 s = 8 * half + 2 * k + quarter
                 sc = e.row_bytes(codes, b.add(at, _const(16 * s)), signed=True)
-                x_sum = b.shl(e.scalar(xs, b.add(xs_at, _const(s)), _I32), ir.Constant(_I32, 5))
-                total = e.op("add", total, e.op("mul", sc, e.op("sub", acc[k], e.splat(x_sum))))
-    d_x = e.splat(e.scalar(xd, xd_at, None))
-    d = e.op("fmul", e.row_halves(codes, b.add(at, _const(256))), d_x)
-    e.add_to_rows(out, out_at, e.op("fmul", d, e.to_float(total)))
+                for r in range(n):
+                    x_sum = b.shl(e.scalar(xs, b.add(rows[r][2], _const(s))),
+                                  ir.Constant(_I32, 5))
+                    totals[r] = e.op("add", totals[r],
+                                     e.op("mul", sc, e.op("sub", acc[r][k], e.splat(x_sum))))
+    d_w = e.row_halves(codes, b.add(at, _const(256)))
+    for r, (_, xd_at, _, out_at) in enumerate(rows):
+        d = e.op("fmul", d_w, e.splat(e.scalar(xd, xd_at)))
+        e.add_to_rows(out, out_at, e.op("fmul", d, e.to_float(totals[r])))
 
 
-q8_0_block = _make(_q8_0)
-q4_k_block = _make(_q4_k)
-q6_k_block = _make(_q6_k)
+#: per type, the kernel for one row and for BLOCK_ROWS[isa()] rows
+q8_0_block, q8_0_blocks = _make(_q8_0, 1), _make(_q8_0, BLOCK_ROWS[isa()])
+q4_k_block, q4_k_blocks = _make(_q4_k, 1), _make(_q4_k, BLOCK_ROWS[isa()])
+q6_k_block, q6_k_blocks = _make(_q6_k, 1), _make(_q6_k, BLOCK_ROWS[isa()])
 
 #: what signed weight codes are stored xor, by ISA (signed_dot)
 SIGNED_FLIP = {"vnni": 128, "avx2": 0, "": 0}
