@@ -137,3 +137,54 @@ def test_integer_codes_are_the_rounded_activation(dot_type, block):
     assert np.array_equal(sums, codes.reshape(3, -1, 16).astype(np.int64).sum(-1))
     if dot_type == "q8_k":
         assert codes[1, 10] == -127 and codes[1, 20] == 127  # iscale = -127 / the first peak
+
+
+@needs_integer_kernels
+def test_a_q4_k_m_load_holds_its_k_quants_as_integer_matrices_of_the_files_bytes():
+    """The default arithmetic on this CPU is "ggml", and every Q4_K and Q6_K matrix of a
+    q4_k_m file is held by the integer kernels, in the file's bytes (rows padded to 16)."""
+    import s2core
+    from s2core.kit import kit_model
+    from s2core.modelfile.file import ModelFile
+    path = kit_model("mha-k", "q4_k_m")
+    mf = ModelFile(path)
+    with s2core.load(path, backend="numpy") as m:
+        assert m.capabilities.arithmetic == "ggml"
+        b = m.backend
+        named = {"embeddings.weight": b.embeddings, "fast_output.weight": b.fast.output}
+        for i, blk in enumerate(b.layers):
+            named[f"layers.{i}.attention.wqkv.weight"] = blk.wqkv
+            named[f"layers.{i}.feed_forward.w2.weight"] = blk.w2
+        types = set()
+        for name, w in named.items():
+            info = mf.info(name)
+            assert isinstance(w, int_dots.IntDotMatrix), name
+            assert w.qtype == info.type and w.shape == tuple(info.shape), name
+            assert w.nbytes == -(-info.shape[0] // 16) * 16 * info.n_bytes // info.shape[0]
+            types.add(w.qtype)
+        assert types == {QT.Q4_K, QT.Q6_K}
+    mf.close()
+
+
+@needs_integer_kernels
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # gguf's inf * 0
+def test_a_non_finite_scale_is_widened_and_said_under_ggml(tmp_path):
+    """A Q4_K tensor with an infinite scale is not packed for the integer kernels: widened as
+    gguf decodes it, said, and still multiplied with ggml's activation rounding."""
+    import s2core
+    from s2core.embedded.writer import write_model
+    from s2core.kit.models import CONFIGS
+    from s2core.plugin import NonFiniteScalesWarning
+    from s2core_numpy.act_quant import ActivationRounded
+    path = write_model(tmp_path / "inf.gguf", CONFIGS["mha-k"], "q4_k", seed=7).path
+    r = gguf.GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name == "layers.0.attention.wo.weight")
+    t.data.reshape(t.data.shape[0], -1, 144)[0, 0, 0:2] = np.array([np.inf], np.float16).view(
+        np.uint8)
+    del r
+    with pytest.warns(NonFiniteScalesWarning, match="layers.0.attention.wo.weight"):
+        m = s2core.load(path, backend="numpy", arithmetic="ggml")
+    wo = m.backend.layers[0].wo
+    assert isinstance(wo, ActivationRounded) and isinstance(wo.weight, np.ndarray)
+    assert isinstance(m.backend.layers[0].wqkv, int_dots.IntDotMatrix)
+    m.close()

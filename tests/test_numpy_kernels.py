@@ -244,7 +244,8 @@ def test_row_lookup_is_exactly_gguf_dequantization():
 @numba_only
 @pytest.mark.parametrize("weight_type,storage", [("q8_0", np.int8), ("f16", np.uint16)])
 def test_backend_keeps_f16_and_q8_0_native(weight_type, storage):
-    m = s2core.load(kit_model("gqa4", weight_type), backend="numpy")
+    # arithmetic "f32": the float kernels' holdings (test_int_dots.py: the integer kernels')
+    m = s2core.load(kit_model("gqa4", weight_type), backend="numpy", arithmetic="f32")
     b = m.backend
     assert weight_type in m.capabilities.native_weight_types
     from s2core_numpy.tiled import TiledMatrix
@@ -267,7 +268,7 @@ def test_f16_tensor_with_an_infinity_is_widened_and_still_computed(tmp_path):
     t.data.reshape(-1)[7] = np.inf
     del r
     with pytest.warns(NonFiniteScalesWarning, match="layers.0.attention.wo.weight"):
-        m = s2core.load(path, backend="numpy")
+        m = s2core.load(path, backend="numpy", arithmetic="f32")
     b = m.backend
     assert b.widened_non_finite == ("layers.0.attention.wo.weight",)
     assert isinstance(b.layers[0].wo, np.ndarray) and np.isinf(b.layers[0].wo).sum() == 1
@@ -289,7 +290,8 @@ def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
     for options in ({"numba_kernels": False}, {}):
         if not options:
             monkeypatch.setattr(weights, "USE_NUMBA", False)
-        m = s2core.load(path, backend="numpy", kv_cache_dtype="f32", **options)
+        m = s2core.load(path, backend="numpy", kv_cache_dtype="f32", arithmetic="f32",
+                        **options)
         assert m.capabilities.native_weight_types == {"f32"}
         assert all(isinstance(w, np.ndarray) and w.dtype == np.float32
                    for w in block_matrices(m.backend.layers[0]) + [m.backend.embeddings])
@@ -301,7 +303,7 @@ def test_fallback_widens_f16_and_q8_0(monkeypatch, weight_type):
         s2core.load(path, backend="numpy", numba_kernels=True)  # USE_NUMBA is still off
     monkeypatch.setattr(weights, "USE_NUMBA", True)
     if plugin.numba_available():
-        m = s2core.load(path, backend="numpy", kv_cache_dtype="f32")
+        m = s2core.load(path, backend="numpy", kv_cache_dtype="f32", arithmetic="f32")
         m.init_kv_cache(32)
         m.prefill(prompt)
         native = (m.step(frame).logits, m.fast_decode(np.ones(64, np.float32), [1, 2]))

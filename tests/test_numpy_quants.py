@@ -125,7 +125,8 @@ def test_backend_keeps_every_tensor_in_its_own_type(weight_type):
     from s2core.modelfile.file import ModelFile
     path = kit_model("mha-k", weight_type)
     mf = ModelFile(path)
-    m = s2core.load(path, backend="numpy")
+    # arithmetic "f32": the float kernels' holdings (test_int_dots.py: the integer kernels')
+    m = s2core.load(path, backend="numpy", arithmetic="f32")
     b = m.backend
     named = {"embeddings.weight": b.embeddings, "fast_embeddings.weight": b.fast.embeddings,
              "fast_output.weight": b.fast.output}
@@ -156,7 +157,7 @@ def test_a_tensor_with_an_infinite_scale_is_widened_and_said(tmp_path):
     set_scale(t.data, QT.Q4_K, 3, np.inf)
     del r
     with pytest.warns(NonFiniteScalesWarning, match="layers.0.attention.wo.weight"):
-        m = s2core.load(path, backend="numpy")
+        m = s2core.load(path, backend="numpy", arithmetic="f32")
     b = m.backend
     assert b.widened_non_finite == ("layers.0.attention.wo.weight",)
     assert isinstance(b.layers[0].wo, np.ndarray) and not np.isfinite(b.layers[0].wo).all()
@@ -181,7 +182,7 @@ def test_a_q8_0_tensor_with_a_nan_scale_is_widened_and_said(tmp_path):
     set_scale(t.data, QT.Q8_0, 0, np.nan)
     del r
     with pytest.warns(NonFiniteScalesWarning, match="layers.1.feed_forward.w1.weight"):
-        m = s2core.load(path, backend="numpy")
+        m = s2core.load(path, backend="numpy", arithmetic="f32")
     assert m.backend.widened_non_finite == ("layers.1.feed_forward.w1.weight",)
     assert np.isnan(m.backend.layers[1].w1[0, :32]).all()
     m.close()

@@ -50,6 +50,12 @@ def batched_tolerance(caps: Capabilities) -> float:
     return BATCHED[caps.compute_dtype] + ARITHMETIC_FLIP[caps.arithmetic]
 
 
+def batched_median_tolerance(caps: Capabilities) -> float:
+    """The median over a rule's slots of their error against the sequences alone: within the
+    bound without rounding flips (ARITHMETIC_FLIP allows one per output, not a drift of all)."""
+    return BATCHED[caps.compute_dtype]
+
+
 def kv_tolerance(caps: Capabilities) -> float:
     """The cache contents (K after QK-norm and RoPE, V)."""
     return (COMPUTE[caps.compute_dtype] + CACHE_KV[caps.kv_cache_dtype]
