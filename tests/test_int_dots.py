@@ -82,7 +82,7 @@ def test_avx2_code_equals_this_cpus_code():
     rng = np.random.default_rng(4)
     for qtype in TYPES:
         cases.append((qtype.name, quantized(qtype, 32, 512, int(qtype)),
-                      rng.standard_normal((3, 512)).astype(np.float32)))
+                      rng.standard_normal((6, 512)).astype(np.float32)))  # a block + 2
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"int-dots-{os.getpid()}.npz"
     arr = np.empty(len(cases), dtype=object)
     arr[:] = cases
