@@ -24,10 +24,11 @@ from s2core.errors import BackendUnavailableError, InvalidInputError  # noqa: E4
 from s2core.kit import ggml_arithmetic as kit_ggml  # noqa: E402
 from s2core.kit.arithmetic import FLIP_BOUND, row_errors  # noqa: E402
 from s2core.kit.blocks import random_blocks  # noqa: E402
-from s2core.kit.conformance import rel_err  # noqa: E402
+from s2core.kit.conformance import prompt_and_frames, rel_err  # noqa: E402
 from s2core.kit.models import CONFIGS, kit_model, kit_reference  # noqa: E402
 from s2core.kit.prompts import mixed_prompt  # noqa: E402
-from s2core.kit.tolerances import CACHE_KV, COMPUTE  # noqa: E402
+from s2core.kit.tolerances import (CACHE_KV, COMPUTE, fast_tolerance,  # noqa: E402
+                                   output_tolerance)
 from s2core.modelfile.file import ModelFile  # noqa: E402
 from s2core.runtime.model import SlowARModel  # noqa: E402
 from s2core_torch import ops, plugin  # noqa: E402
@@ -121,6 +122,16 @@ def test_integer_dots_match_the_kit(tg, qtype, rows):
     assert rel_err(unrounded, expected) > 1e-4
 
 
+def test_a_rows_integer_product_does_not_depend_on_its_neighbours(tg):
+    """Integer sums are exact and the float steps go in one order: a row batched with others
+    (a batched step's sequences) gets its numbers alone, bit for bit."""
+    x = torch.from_numpy(activations(19, 512, seed=9))
+    raw = torch.from_numpy(blocks_for(QT.Q4_K, 70, 512, seed=2))
+    together = tg.int_dot(x, raw, QT.Q4_K)
+    for r in (0, 7, 18):
+        assert torch.equal(tg.int_dot(x[r:r + 1], raw, QT.Q4_K)[0], together[r])
+
+
 @pytest.mark.parametrize("qtype", SNAPPED, ids=[t.name for t in SNAPPED])
 def test_other_quantized_types_match_the_kit(tg, qtype):
     from s2core_torch.ggml_products import GgmlProducts
@@ -177,6 +188,15 @@ def test_the_kits_arithmetic_rule_under_the_interpreter(tg, config, weight_type)
         # and the "f32" reference is farther: the products did round their activations
         f32_ref = kit_reference(config, weight_type, "f32").forward(prompt)
         assert rel_err(k, f32_ref.k) > 10 * rel_err(k, ref.k)
+        if weight_type == "q4_k_m":  # a decode step and the Fast-AR take the same products
+            frame = prompt_and_frames(config, n_frames=1)[1][0]
+            step = m.step(frame)
+            reference = kit_reference(config, weight_type, "ggml")
+            assert rel_err(step.logits, reference.forward(np.vstack([prompt, frame])).logits) \
+                < output_tolerance(caps)
+            codes = [1, 2, 3]
+            assert rel_err(m.fast_decode(step.hidden, codes),
+                           reference.fast_decode(step.hidden, codes)) < fast_tolerance(caps)
 
 
 # ------------------------------------------------------------------ who offers it
