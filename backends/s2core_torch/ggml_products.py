@@ -7,7 +7,9 @@ Each product quantizes its activation rows to the weight type's dot type first, 
 - the other quantized types: the activation's block values d * code through the float kernels
   (quantized.QuantizedProducts with Triton's kernels), plus, for Q4_1/Q5_1, the one term of
   Q8_1 that is not such a product (its float16 s times the weight block's min).
-Half weights (F16/BF16) take the activation rounded to their type (ops.Matmul).
+Half weights (F16/BF16) take the activation rounded to their type (ops.Matmul). Not covered:
+a quantized tensor with an infinite or NaN scale, widened on load (weights.py), loses its type
+and multiplies float32 activations (NumPy's backend still rounds those).
 
 Needs Triton's kernels: CUDA, or the CPU under TRITON_INTERPRET=1 (the tests).
 """
