@@ -23,6 +23,13 @@
    on CUDA copies every tensor to the GPU and releases them all: more than 10 % left is
    reported as a problem).
 
+6. s2.cpp's arithmetic (`arithmetic="ggml"`, triton_ggml.py) compiled: the activation codes
+   per dot type against the kit's transcription of ggml (mismatches counted), the integer
+   block dots of Q8_0, Q4_K and Q6_K weights at 1 and 4 rows against the kit's float64
+   product, the one-row integer product's time over the 155776 x 2560 table beside the float
+   GEMV's; the kit's arithmetic rule for torch (tests/test_conformance.py -k arithmetic: on
+   CUDA torch declares "ggml"); and step 5's timings again with arithmetic="ggml" (dtype f32).
+
 Prints a table, writes JSON to --out, exits non-zero on any failure. Estimated at 7-10
 minutes on an H200 (not yet run on a GPU; the CPU dry run below takes 11 minutes here). Without a GPU, `--device cpu --layers 1` is a dry run of the same steps (the Triton
 kernels then run under the interpreter in a child process, on small matrices).
@@ -64,6 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-numpy", action="store_true", help="time torch only")
     p.add_argument("--skip-conformance", action="store_true")
     p.add_argument("--kernels-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ggml-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cuda_check.json")
     return p.parse_args(argv)
 
@@ -85,13 +93,14 @@ def environment(device: str) -> dict:
 
 
 # ---------------------------------------------------------------------- 1. conformance
-def run_conformance(device: str, dtype: str, quantized: str) -> dict:
+def run_conformance(device: str, dtype: str, quantized: str,
+                    pytest_args: list[str] | None = None) -> dict:
     env = {**os.environ, "S2CORE_TORCH_DEVICE": device, "S2CORE_TORCH_DTYPE": dtype,
            "S2CORE_TORCH_QUANTIZED": quantized,
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "backends"),
                                           os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/test_conformance.py", "--s2core-backend", "torch"]
+           "tests/test_conformance.py", "--s2core-backend", "torch", *(pytest_args or [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
@@ -102,6 +111,14 @@ def run_conformance(device: str, dtype: str, quantized: str) -> dict:
             "summary": summary, "failures": failures[:30],
             "seconds": round(time.perf_counter() - t0, 1),
             "tail": lines[-40:] if proc.returncode else []}
+
+
+def run_arithmetic_rule(device: str) -> dict:
+    """The kit's rule each-declared-arithmetic-matches-its-reference on torch in f32 with
+    quantized weights kept as stored, where torch declares "ggml" on CUDA."""
+    c = run_conformance(device, "f32", "stored", ["-k", "arithmetic", "-rs"])
+    c["what"] = "kit arithmetic rule"
+    return c
 
 
 # ---------------------------------------------------------------------- 2. errors
@@ -174,7 +191,85 @@ def kernel_check(device: str) -> list[dict]:
                           text=True, env=env, timeout=600)
     if proc.returncode:
         raise RuntimeError(f"kernel check child failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])["kernels"]
+
+
+def ggml_kernel_check(device: str) -> list[dict]:
+    """triton_ggml.py compiled on CUDA; on the CPU interpreted, in a child process."""
+    if device.startswith("cuda"):
+        return ggml_kernel_rows(device, rows=64, cols=2560, timed=True)
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "backends"),
+                                          os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, __file__, "--kernels-child", "--ggml-only"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode:
+        raise RuntimeError(f"ggml kernel check child failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["ggml_kernels"]
+
+
+def ggml_kernel_rows(device: str, rows: int, cols: int, timed: bool) -> list[dict]:
+    """Codes per dot type against the kit's block-by-block transcription; integer dots
+    against the kit's float64 product; the one-row product's time on a large table."""
+    import gguf
+    import torch
+    from s2core.gguf.blocks import block_shape, random_blocks
+    from s2core.kit import ggml_arithmetic as kit_ggml
+    from s2core_torch import triton_ggml as tg
+    from s2core_torch import triton_kernels as tk
+
+    dev = torch.device(device)
+    sync = _synchronizer(device)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((rows, cols)) * rng.uniform(1e-3, 30, (rows, 1))).astype(np.float32)
+    x[0, :32] = np.r_[127, np.arange(31) - 15.5]  # exact ties: rint(k + 0.5) to even
+    out = []
+    for dot_type, quantize_block in (("q8_0", kit_ggml.quantize_q8_0_block),
+                                     ("q8_k", kit_ggml.quantize_q8_k_block)):
+        codes, d = tg.quantize(dot_type, torch.from_numpy(x).to(dev))
+        codes, d = codes.cpu().numpy(), tg.dot_scales(dot_type, d).cpu().numpy()
+        size = tg.BLOCK_VALUES[dot_type]
+        code_miss = d_miss = 0
+        for r in range(rows):
+            for b in range(0, cols, size):
+                expected = quantize_block(x[r, b:b + size])
+                code_miss += int((codes[r, b:b + size] != expected[0]).sum())
+                d_miss += int(d[r, b // size] != np.float32(expected[1]))
+        out.append({"what": f"{dot_type} codes", "code_mismatches": code_miss,
+                    "d_mismatches": d_miss})
+    for qtype in sorted(tg.INTEGER_TYPES, key=lambda t: t.name):
+        values, _ = block_shape(qtype)
+        raw = random_blocks(qtype, 256, cols // values, seed=int(qtype), scale=3e-5)
+        w = gguf.quants.dequantize(raw, qtype).astype(np.float64)
+        blocks = torch.from_numpy(raw).to(dev)
+        errs = []
+        for m in (1, 4):
+            got = tg.int_dot(torch.from_numpy(x[:m]).to(dev), blocks, qtype).cpu().double()
+            exact = torch.from_numpy(kit_ggml.ggml_product(x[:m].astype(np.float64), w, qtype))
+            errs.append(float((got - exact).norm() / exact.norm()))
+        row = {"what": f"{qtype.name} integer dots", "type": qtype.name,
+               "int_dot_rel_err": max(errs)}
+        if timed:  # the same table as the float GEMV's timing
+            big = torch.from_numpy(random_blocks(qtype, 155776, cols // values, seed=1,
+                                                 scale=3e-5)).to(dev)
+            one = torch.randn(1, cols, device=dev)
+            for name, fn in (("int_dot", lambda: tg.int_dot(one, big, qtype)),
+                             ("qmv", lambda: tk.qmv(one, big, qtype, torch.float32))):
+                for _ in range(3):
+                    fn()
+                times = []
+                for _ in range(20):
+                    sync()
+                    t = time.perf_counter()
+                    fn()
+                    sync()
+                    times.append(time.perf_counter() - t)
+                ms = float(np.median(times)) * 1e3
+                row[f"{name}_ms"] = ms
+                row[f"{name}_gbps"] = big.numel() / ms / 1e6
+            del big
+        out.append(row)
+    return out
 
 
 def kernel_rows(device: str, rows: int, cols: int, timed: bool) -> list[dict]:
@@ -327,6 +422,7 @@ def time_backend(path: Path, backend: str, options: dict, n_prefill: int, n_step
         step_ms = float(np.median(steps))
         floor_ms = held_step_bytes / bandwidth_gbps / 1e6 if bandwidth_gbps else None
         row = {"backend": backend, "options": options, "compute_dtype": caps.compute_dtype,
+               "arithmetic": caps.arithmetic,
                "kv_cache_dtype": caps.kv_cache_dtype, "load_s": round(load_s, 2),
                "prefill_fast_ms": min(fast_ms), "prefill_ms": min(policy_ms),
                "step_median_ms": float(np.median(steps)), "step_min_ms": float(np.min(steps)),
@@ -402,6 +498,23 @@ def print_report(result: dict) -> None:
                       f"{k['qmv_x_copy_floor']:.2f}x floor" if "qmv_ms" in k else "")
             print(f"  {k['type']:5s} mismatches {k['dequantize_mismatches']:6d}  "
                   f"qmv {k['qmv_rel_err']:.1e}{timing}")
+    if result["ggml_kernels"]:
+        print("\n== arithmetic='ggml' (triton_ggml.py) vs the kit's transcription of ggml; "
+              "one-row products over a 155776 x 2560 table")
+        for k in result["ggml_kernels"]:
+            if "code_mismatches" in k:
+                print(f"  {k['what']:20s} code mismatches {k['code_mismatches']}, "
+                      f"d mismatches {k['d_mismatches']}")
+                continue
+            timing = (f"  int_dot {k['int_dot_ms']:.3f} ms {k['int_dot_gbps']:.0f} GB/s, "
+                      f"float qmv {k['qmv_ms']:.3f} ms" if "int_dot_ms" in k else "")
+            print(f"  {k['what']:20s} rel. err {k['int_dot_rel_err']:.1e}{timing}")
+    rule = result.get("arithmetic_rule")
+    if rule:
+        print(f"\n== the kit's arithmetic rule on torch (f32, stored): "
+              f"{'PASS' if rule['ok'] else 'FAIL'}  {rule['summary']}")
+        for f in rule["failures"]:
+            print(f"    {f}")
     if result["sdpa"]:
         print("\n== fused SDPA kernels accepting the backend's attention (GQA 32/8, head_dim 128)")
         for s in result["sdpa"]:
@@ -436,11 +549,14 @@ def main(argv: list[str] | None = None) -> int:
     on_cuda = args.device.startswith("cuda")
     dtypes = args.dtypes.split(",") if args.dtypes else (["f32", "f16"] if on_cuda else ["f32"])
     if args.kernels_child:  # the CPU dry run's interpreted kernels (see kernel_check)
-        print(json.dumps(kernel_rows("cpu", rows=64, cols=512, timed=False)))
+        print(json.dumps({"kernels": [] if args.ggml_only
+                          else kernel_rows("cpu", rows=64, cols=512, timed=False),
+                          "ggml_kernels": ggml_kernel_rows("cpu", rows=8, cols=512,
+                                                           timed=False)}))
         return 0
     result = {"environment": {}, "conformance": [], "errors": [], "kernels": [], "sdpa": [],
-              "timing": [], "timing_model": "", "bandwidth_gbps": None, "problems": [],
-              "ok": False}
+              "ggml_kernels": [], "arithmetic_rule": None, "timing": [], "timing_model": "",
+              "bandwidth_gbps": None, "problems": [], "ok": False}
 
     def attempt(what: str, fn):
         try:
@@ -475,6 +591,19 @@ def main(argv: list[str] | None = None) -> int:
         for k in result["kernels"]:
             if k["dequantize_mismatches"] or k["qmv_rel_err"] > 1e-5:
                 result["problems"].append(f"Triton kernels, {k['type']}: {k}")
+        print("arithmetic='ggml' kernels vs the kit's ggml transcription ...", flush=True)
+        result["ggml_kernels"] = attempt("ggml kernels",
+                                         lambda: ggml_kernel_check(args.device)) or []
+        for k in result["ggml_kernels"]:
+            if k.get("code_mismatches") or k.get("d_mismatches") \
+                    or k.get("int_dot_rel_err", 0) > 1e-6:
+                result["problems"].append(f"arithmetic='ggml' kernels, {k['what']}: {k}")
+        if not args.skip_conformance:
+            print("the kit's arithmetic rule on torch ...", flush=True)
+            rule = attempt("arithmetic rule", lambda: run_arithmetic_rule(args.device))
+            result["arithmetic_rule"] = rule
+            if rule and not rule["ok"]:
+                result["problems"].append(f"the kit's arithmetic rule failed: {rule['summary']}")
         result["sdpa"] = attempt("sdpa kernels", lambda: sdpa_kernels(args.device, dtypes)) or []
         attempt("timing", lambda: run_timing(args, dtypes, result))
     result["seconds"] = round(time.perf_counter() - started, 1)
@@ -515,6 +644,9 @@ def run_timing(args: argparse.Namespace, dtypes: list[str], result: dict) -> Non
                 runs = [("torch", {**o, "quantized": "stored"}) for _, o in runs]
                 runs.append(("torch", {"device": args.device, "dtype": dtypes[-1],
                                        "quantized": "widen"}))
+            if on_cuda and "f32" in dtypes:  # s2.cpp's arithmetic beside the f32 runs
+                runs.append(("torch", {"device": args.device, "dtype": "f32",
+                                       "arithmetic": "ggml"}))
             if not args.skip_numpy:
                 runs.append(("numpy", {}))
             for backend, options in runs:

@@ -14,6 +14,9 @@ Options (keyword arguments of `s2core.load(..., backend="torch")`):
                  for cuBLAS; CUDA, or the CPU under TRITON_INTERPRET=1) or "torch"
                  (dequantize per product into a reused buffer); default triton on CUDA when
                  installed
+  arithmetic  "f32" (default: float32 activations, or the compute dtype) or "ggml" (s2.cpp's:
+              8-bit activations and integer block dots, Triton on CUDA: ggml_products.py);
+              "ggml" takes dtype="f32", quantized="stored", quant_kernels="triton"
 
 On the CPU, matrix-vector products with f16/bf16 weights take activations of the weight's type
 (torch's fast half GEMV; ggml does the same), so capabilities.compute_dtype says "f16" or "bf16"
@@ -51,10 +54,11 @@ class TorchBackend(Backend):
 
     def __init__(self, model_file: ModelFile, device: Any = None, dtype: str | None = None,
                  kv_cache_dtype: str = "f16", single_token_semantic_prefill: bool | None = None,
-                 quantized: str | None = None, quant_kernels: str | None = None):
+                 quantized: str | None = None, quant_kernels: str | None = None,
+                 arithmetic: str | None = None):
         super().__init__(model_file)
         opts = options.resolve(device, dtype, kv_cache_dtype, single_token_semantic_prefill,
-                               quantized, quant_kernels)
+                               quantized, quant_kernels, arithmetic)
         self.options = opts
         self.device = opts.device
         hp = self.hparams
@@ -73,7 +77,7 @@ class TorchBackend(Backend):
 
         matrices = [self.embeddings] + [w for b in self.layers for w in b.matrices()]
         matrices += self.fast.matrices() if self.fast else []
-        self.matmul = ops.Matmul(self.device, compute, opts.quant_kernels)
+        self.matmul = ops.Matmul(self.device, compute, opts.quant_kernels, opts.arithmetic)
         #: quantized tensors widened although kept as stored (infinite or NaN scales)
         self.widened_non_finite = tuple(load.widened_non_finite)
         self.output_product = ops.OutputProduct(self.matmul, self.device)
@@ -91,7 +95,7 @@ class TorchBackend(Backend):
 
     def _capabilities(self, matrices: list) -> Capabilities:
         opts = self.options
-        if opts.on_cuda:
+        if opts.on_cuda or opts.arithmetic == "ggml":  # ggml: float32 steps (ops.Matmul)
             compute_name = opts.compute_dtype
         else:  # the coarsest activation type fed to a product (see ops.Matmul); stored
             # quantized weights multiply float32 activations on the CPU
@@ -108,7 +112,7 @@ class TorchBackend(Backend):
                                   n_accelerated_layers=n_layer if opts.on_cuda else 0,
                                   single_token_semantic_prefill=single,
                                   kv_cache_storage_dtype=_DTYPE_NAMES[held],
-                                  quantized=opts.quantized)
+                                  quantized=opts.quantized, arithmetic=opts.arithmetic)
 
     @property
     def capabilities(self) -> Capabilities:

@@ -143,18 +143,30 @@ class Matmul:
     CPU_HALF_MAX_ROWS rows (torch's half GEMV accumulates in f32 but rounds its output to the
     half type), widened to f32 at use above that. Quantized weights kept as stored go to
     `quantized` (quantized.QuantizedProducts, with the kernels named by `quant_kernels`).
+
+    arithmetic "ggml" (s2.cpp's; compute dtype f32): quantized weights go to
+    ggml_products.GgmlProducts, and half weights take the activation rounded to their type,
+    multiplied in float32 (ggml's F16 dot: f16 operands, f32 sums).
     """
 
     def __init__(self, device: torch.device, compute_dtype: torch.dtype,
-                 quant_kernels: str = "torch"):
+                 quant_kernels: str = "torch", arithmetic: str = "f32"):
         self.on_cuda = device.type == "cuda"
         self.compute_dtype = compute_dtype
+        self.ggml = arithmetic == "ggml"
         self.widen = WeightWidener()
-        self.quantized = QuantizedProducts(device, compute_dtype, quant_kernels)
+        if self.ggml:
+            from .ggml_products import GgmlProducts
+            self.quantized = GgmlProducts(device)
+        else:
+            self.quantized = QuantizedProducts(device, compute_dtype, quant_kernels)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor | QuantizedMatrix) -> torch.Tensor:
         if isinstance(w, QuantizedMatrix):
             return self.quantized(x, w)
+        if self.ggml and w.dtype in HALF:
+            wide = w.float() if self.on_cuda else self.widen(w)
+            return F.linear(x.to(w.dtype).float(), wide)
         if self.on_cuda:
             return F.linear(x.to(self.compute_dtype), w.to(self.compute_dtype))
         if w.dtype not in HALF:

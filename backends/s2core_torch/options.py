@@ -11,9 +11,9 @@ import torch
 from s2core.plugin import check_option
 from s2core.errors import BackendUnavailableError, InvalidInputError
 
-from .plugin import (CACHE_DTYPES, COMPUTE_DTYPES, ENV_DEVICE, ENV_DTYPE, ENV_QUANTIZED,
-                     QUANTIZED_MODES, default_quantized_mode, device_kind, triton_installed,
-                     valid_device_name)
+from .plugin import (ARITHMETICS, CACHE_DTYPES, COMPUTE_DTYPES, ENV_DEVICE, ENV_DTYPE,
+                     ENV_QUANTIZED, QUANTIZED_MODES, default_quantized_mode, device_kind,
+                     triton_installed, valid_device_name)
 
 #: the `quant_kernels` option: how products from stored quantized weights are computed
 QUANT_KERNELS = ("triton", "torch")
@@ -29,6 +29,7 @@ class Options:
     single_token_semantic_prefill: bool | None  # None = auto
     quantized: str = "widen"    # "stored" | "widen": quantized GGUF types kept or dequantized
     quant_kernels: str = "torch"  # "triton" | "torch" (quantized.QuantizedProducts)
+    arithmetic: str = "f32"     # "f32" | "ggml" (s2.cpp's: ggml_products.py)
 
     @property
     def on_cuda(self) -> bool:
@@ -41,11 +42,15 @@ class Options:
 
 def resolve(device: Any = None, dtype: str | None = None, kv_cache_dtype: str = "f16",
             single_token_semantic_prefill: bool | None = None, quantized: str | None = None,
-            quant_kernels: str | None = None) -> Options:
+            quant_kernels: str | None = None, arithmetic: str | None = None) -> Options:
     """Validate the keyword options; None means the environment's choice, then the default."""
     dev = _resolve_device(device)
     kind = dev.type
     dtype = dtype if dtype is not None else (os.environ.get(ENV_DTYPE, "").strip() or "f32")
+    arithmetic = "f32" if arithmetic is None else arithmetic
+    check_option("arithmetic", arithmetic, ARITHMETICS)
+    if arithmetic == "ggml":
+        quantized, quant_kernels = _ggml_setup(dtype, quantized, quant_kernels, kind)
     check_option("dtype", dtype, COMPUTE_DTYPES[kind])
     if dtype == "bf16" and torch.cuda.get_device_capability(dev) < (8, 0):
         raise BackendUnavailableError(f"dtype='bf16': {dev} predates bfloat16 support (sm_80)")
@@ -58,7 +63,31 @@ def resolve(device: Any = None, dtype: str | None = None, kv_cache_dtype: str = 
         os.environ.get(ENV_QUANTIZED, "").strip() or default_quantized_mode(kind, triton_installed()))
     check_option("quantized", quantized, QUANTIZED_MODES)
     return Options(dev, dtype, kv_cache_dtype, single_token_semantic_prefill, quantized,
-                   _resolve_kernels(quant_kernels, kind))
+                   _resolve_kernels(quant_kernels, kind), arithmetic)
+
+
+def _ggml_setup(dtype: str, quantized: str | None, quant_kernels: str | None,
+                kind: str) -> tuple[str, str]:
+    """arithmetic="ggml" computes in float32 from the blocks as stored, with Triton's kernels
+    (triton_ggml.py): on CUDA, or on the CPU under Triton's interpreter (the tests). Returns
+    the `quantized` and `quant_kernels` it takes."""
+    if dtype != "f32":
+        raise InvalidInputError("arithmetic", f"arithmetic='ggml' computes in float32 (ggml's "
+                                f"float steps), not dtype={dtype!r}: use dtype='f32'")
+    if quantized not in (None, "stored"):
+        raise InvalidInputError("arithmetic", "arithmetic='ggml' multiplies quantized weights "
+                                f"from their blocks as stored, not quantized={quantized!r}")
+    if quant_kernels not in (None, "triton"):
+        raise InvalidInputError("arithmetic", "arithmetic='ggml' takes Triton's kernels, not "
+                                f"quant_kernels={quant_kernels!r}")
+    if not triton_installed():
+        raise BackendUnavailableError("arithmetic='ggml' needs triton's int8 kernels "
+                                      "(pip install 's2core[triton]')")
+    if kind != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise BackendUnavailableError("arithmetic='ggml' runs on CUDA with torch (Triton int8 "
+                                      "dot products); on the CPU torch offers 'f32' only and "
+                                      "the NumPy backend offers 'ggml'")
+    return "stored", "triton"
 
 
 def _resolve_kernels(quant_kernels: str | None, kind: str) -> str:

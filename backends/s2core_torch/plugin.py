@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from s2core.plugin import Capabilities
+from s2core.plugin import ARITHMETICS, Capabilities
 from s2core.plugin import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
@@ -65,6 +65,23 @@ def default_quantized_mode(device_kind_name: str, triton_installed: bool) -> str
     return "stored" if device_kind_name == "cuda" and triton_installed else "widen"
 
 
+def offered_arithmetics(device_kind_name: str, triton_here: bool, compute_dtype: str,
+                        quantized: str) -> tuple[str, ...]:
+    """"ggml" where its kernels run: CUDA with Triton (int8 dot products, triton_ggml.py),
+    float32 compute, quantized weights kept as stored. "f32" is the default there: ggml's
+    arithmetic on CUDA has not been measured faster yet (benchmarks/cuda_check.py times both).
+
+    On the CPU torch offers "f32" only: its int8 path would be slower than its float one, and
+    the NumPy backend offers "ggml" with integer kernels of its own. Measured here (2 loaded
+    vCPUs, a 9728x2560 matrix, one activation row): torch._int_mm 41 ms against the f16 GEMV's
+    35 ms, and _int_mm returns one sum per row where ggml needs one per block of 32 or 256
+    (a product per block, or a float pass over the codes, on top)."""
+    if device_kind_name == "cuda" and triton_here and compute_dtype == "f32" \
+            and quantized == "stored":
+        return ARITHMETICS
+    return ("f32",)
+
+
 def triton_installed() -> bool:
     """Found on the path (not imported: that costs a second)."""
     return importlib.util.find_spec("triton") is not None
@@ -78,13 +95,15 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
                        n_accelerated_layers: int | None = None,
                        single_token_semantic_prefill: bool = False,
                        kv_cache_storage_dtype: str | None = None,
-                       quantized: str = "widen") -> Capabilities:
+                       quantized: str = "widen", arithmetic: str = "f32") -> Capabilities:
     """What the backend is on `device`; n_accelerated_layers None means "all layers".
 
     kv_cache_storage_dtype None: the default rule. On the CPU (float32 attention) an f16/bf16
     cache is held in float32 with rounded values (kv_cache.storage_dtype); on CUDA as is.
     quantized "stored": the quantized types are native too, held byte for byte (on the CPU as
-    the memory map itself)."""
+    the memory map itself). arithmetic: the loaded one; "ggml" is offered where
+    offered_arithmetics says, and on the CPU by a backend loaded with it under Triton's
+    interpreter (the tests)."""
     on_cuda = device_kind(device) == "cuda"
     native = NATIVE_WEIGHT_TYPES | (QUANTIZED_WEIGHT_TYPES if quantized == "stored" else frozenset())
     if kv_cache_storage_dtype is None and not on_cuda and kv_cache_dtype != "f32":
@@ -101,7 +120,10 @@ def torch_capabilities(device: str, compute_dtype: str, kv_cache_dtype: str = "f
         mapped_weight_types=frozenset() if on_cuda else native,
         widened_weight_dtype=compute_dtype if on_cuda else CPU_WIDENED_DTYPE,
         writes_kv_cache=True, max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
-        codec=torch_codec_capabilities(device))
+        codec=torch_codec_capabilities(device),
+        arithmetics=ARITHMETICS if arithmetic == "ggml" else offered_arithmetics(
+            device_kind(device), triton_installed(), compute_dtype, quantized),
+        arithmetic=arithmetic)
 
 
 def torch_codec_capabilities(device: str) -> CodecCapabilities:
@@ -194,6 +216,10 @@ OPTIONS = (
     Option("quant_kernels", choices=(None, "triton", "torch"), default=None,
            doc="products from stored quantized weights: Triton kernels (CUDA, or the CPU under "
                "TRITON_INTERPRET=1) or a per-product dequantize; None: triton where it runs"),
+    Option("arithmetic", choices=(None,) + ARITHMETICS, default=None,
+           doc="products with non-F32 weights: \"ggml\" rounds the activation as s2.cpp does "
+               "(8-bit blocks, integer dots in Triton; CUDA, dtype f32, quantized stored), "
+               "\"f32\" feeds it unrounded (None: \"f32\")"),
 )
 
 
