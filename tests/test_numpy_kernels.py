@@ -224,26 +224,51 @@ def test_row_kernels_attention_reads_float16_blocks_as_one_float32_block(n_head,
     assert rel_err(got, ref) < 2e-6
 
 
+WIDEN_EVERY_FLOAT16 = """
+import numpy as np
+from numba import njit
+from s2core_numpy import f16
+
+@njit
+def widen_all(bits, out_half, out_any):
+    for i in range(bits.shape[0]):
+        out_half[i] = f16.widen_half(bits[i])
+        out_any[i] = f16.widen_any(bits[i])
+
+bits = np.arange(-2**15, 2**15, dtype=np.int32).astype(np.int16)
+want = bits.view(np.float16).astype(np.float32)
+nan = np.isnan(want)
+assert nan.sum() == 2 * 1023
+half, any_ = np.empty(bits.shape, np.float32), np.empty(bits.shape, np.float32)
+widen_all(bits, half, any_)
+for got in (half, any_):
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+print(f16.target_converts_half())
+"""
+
+
 @numba_only
-def test_widen_any_is_numpys_conversion_for_every_float16():
+@pytest.mark.parametrize("cpu", ["host", "generic"])
+def test_widening_is_numpys_conversion_for_every_float16(cpu):
     """Every one of the 65536 float16 bit patterns, infinities, NaNs and subnormals
-    included, widens to the float32 NumPy's conversion gives (NaNs: a NaN of the same sign)."""
-    from numba import njit
-    from s2core_numpy.f16 import widen_any
-
-    @njit
-    def widen_all(bits, out):
-        for i in range(bits.shape[0]):
-            out[i] = widen_any(bits[i])
-
-    bits = np.arange(-2**15, 2**15, dtype=np.int32).astype(np.int16)
-    got = np.empty(bits.shape, np.float32)
-    widen_all(bits, got)
-    want = bits.view(np.float16).astype(np.float32)
-    nan = np.isnan(want)
-    assert nan.sum() == 2 * 1023 and np.array_equal(np.isnan(got), nan)
-    np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
-    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+    included, widens to the float32 NumPy's conversion gives (NaNs: a NaN of the same sign),
+    by f16.widen_half and by f16.widen_any: on this CPU, and compiled for a generic x86 CPU
+    without F16C, where widen_half must take widen_any's bit trick (LLVM's conversion would
+    call a function numba does not link: a crash)."""
+    import os
+    import platform
+    env = dict(os.environ)
+    if cpu == "generic":
+        if platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip("the generic target without F16C is an x86 one")
+        env["NUMBA_CPU_NAME"] = "generic"
+    out = subprocess.run([sys.executable, "-c", WIDEN_EVERY_FLOAT16], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if cpu == "generic":
+        assert out.stdout.strip() == "False"
 
 
 @numba_only

@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .f16 import widen_any
+from .f16 import widen_half
 from .ops import KV, Keys, RowOps, cached_attention
 from .stack import stack_array
 
@@ -47,9 +47,9 @@ def _value(x):
 @overload(_value)
 def _value_of(x):
     """float32 as it is; float16, passed as its int16 bits (numba has no float16), widened
-    exactly in registers (f16.widen_any): an f16 cache is read as it is held."""
+    exactly in registers (f16.widen_half): an f16 cache is read as it is held."""
     if isinstance(x, types.Integer):
-        return lambda x: widen_any(x)
+        return lambda x: widen_half(x)
     return lambda x: x
 
 
