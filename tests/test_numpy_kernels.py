@@ -1,6 +1,6 @@
 """The NumPy backend's numba kernels (F16 and Q8_0 computed as stored; the block-quantized
 types are in test_numpy_quants.py), its fallback without
-them, its float32-held F16 KV cache, its incremental Fast-AR and its memory after load."""
+them, its float16-held F16 KV cache, its incremental Fast-AR and its memory after load."""
 
 from __future__ import annotations
 
@@ -155,11 +155,20 @@ def test_products_and_attention_on_the_workers_equal_a_float64_reference(n_rows)
     k = rng.standard_normal((n_kv, past + n_rows, d), dtype=np.float32)
     v = rng.standard_normal((n_kv, past + n_rows, d), dtype=np.float32)
     end = past + n_rows
-    spread = attention(q, k, v, end, past, 0.25, True, ops.NUMPY_OPS)
+    keys = ops.Keys(None, (k, v), end)
+    spread = attention(q, keys, past, 0.25, True, ops.NUMPY_OPS)
     ref = ops.causal_attention(*(a.astype(np.float64) for a in (q, k, v)), past, 0.25)
     assert spread.shape == ref.shape and rel_err(spread, ref) < 2e-6
-    np.testing.assert_array_equal(spread, attention(q, k, v, end, past, 0.25, True,
+    np.testing.assert_array_equal(spread, attention(q, keys, past, 0.25, True,
                                                     ops.NUMPY_OPS))
+    # float16 history and the call's float32 rows, as an F16 cache hands them: the same
+    # numbers as one float32 block of the same values
+    k16, v16 = (a[:, :past].astype(np.float16) for a in (k, v))
+    split = ops.Keys(None, (k16, v16), past, (k[:, past:], v[:, past:]))
+    whole = ops.Keys(None, tuple(np.concatenate([a16, a[:, past:]], axis=1, dtype=np.float32)
+                                 for a16, a in ((k16, k), (v16, v))), end)
+    np.testing.assert_array_equal(attention(q, split, past, 0.25, True, ops.NUMPY_OPS),
+                                  attention(q, whole, past, 0.25, True, ops.NUMPY_OPS))
 
 
 @numba_only
@@ -177,11 +186,89 @@ def test_row_kernels_attention_equals_a_float64_reference(n_head, n_kv, d, end):
     v = rng.standard_normal((n_kv, end + 5, d), dtype=np.float32)
     k[:, end:] = v[:, end:] = np.nan  # past the end: must not be read
     scale = 1 / np.sqrt(d)
-    got = KERNEL_OPS.attention(q, k, v, end, end - 1, scale)
+    got = KERNEL_OPS.attention(q, ops.Keys(None, (k, v), end), end - 1, scale)
     ref = ops.causal_attention(*(a.astype(np.float64) for a in (q, k[:, :end], v[:, :end])),
                                end - 1, scale)
     assert got.shape == ref.shape == (1, n_head * d)
     assert rel_err(got, ref) < 2e-6
+
+
+@numba_only
+@pytest.mark.parametrize("n_head,n_kv,d", [(32, 8, 128), (6, 2, 200)])
+@pytest.mark.parametrize("prefix,past", [(0, 0), (0, 37), (20, 0), (20, 300)])
+def test_row_kernels_attention_reads_float16_blocks_as_one_float32_block(n_head, n_kv, d,
+                                                                         prefix, past):
+    """An F16 cache's blocks (a shared prefix and the cache's first rows, float16) and the
+    call's own float32 row, read where they are held: the numbers of
+    the same values in one float32 block and the float64 result, up to float32 rounding (a
+    dot product over a float16 row may be vectorized, so summed, in another order)."""
+    from s2core_numpy import ops
+    from s2core_numpy.row_kernels import KERNEL_OPS
+    rng = np.random.default_rng(prefix + past + d)
+    q = rng.standard_normal((1, n_head, d), dtype=np.float32)
+    pre = [rng.standard_normal((n_kv, prefix, d)).astype(np.float16) for _ in "kv"]
+    cache = [np.full((n_kv, past + 9, d), np.nan, np.float16) for _ in "kv"]  # 9 unread
+    for c in cache:
+        c[:, :past] = rng.standard_normal((n_kv, past, d))
+    new = [rng.standard_normal((n_kv, 1, d), dtype=np.float32) for _ in "kv"]
+    keys = ops.Keys((pre[0], pre[1]) if prefix else None, (cache[0], cache[1]), past,
+                    (new[0], new[1]))
+    whole = tuple(np.concatenate([pre[i], cache[i][:, :past], new[i]], axis=1,
+                                 dtype=np.float32) for i in (0, 1))
+    scale = 1 / np.sqrt(d)
+    got = KERNEL_OPS.attention(q, keys, keys.end - 1, scale)
+    one_block = KERNEL_OPS.attention(q, ops.Keys(None, whole, keys.end), keys.end - 1, scale)
+    assert rel_err(got, one_block) < 1e-6
+    ref = ops.causal_attention(q.astype(np.float64), *(a.astype(np.float64) for a in whole),
+                               keys.end - 1, scale)
+    assert rel_err(got, ref) < 2e-6
+
+
+WIDEN_EVERY_FLOAT16 = """
+import numpy as np
+from numba import njit
+from s2core_numpy import f16
+
+@njit
+def widen_all(bits, out_half, out_any):
+    for i in range(bits.shape[0]):
+        out_half[i] = f16.widen_half(bits[i])
+        out_any[i] = f16.widen_any(bits[i])
+
+bits = np.arange(-2**15, 2**15, dtype=np.int32).astype(np.int16)
+want = bits.view(np.float16).astype(np.float32)
+nan = np.isnan(want)
+assert nan.sum() == 2 * 1023
+half, any_ = np.empty(bits.shape, np.float32), np.empty(bits.shape, np.float32)
+widen_all(bits, half, any_)
+for got in (half, any_):
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+print(f16.target_converts_half())
+"""
+
+
+@numba_only
+@pytest.mark.parametrize("cpu", ["host", "generic"])
+def test_widening_is_numpys_conversion_for_every_float16(cpu):
+    """Every one of the 65536 float16 bit patterns, infinities, NaNs and subnormals
+    included, widens to the float32 NumPy's conversion gives (NaNs: a NaN of the same sign),
+    by f16.widen_half and by f16.widen_any: on this CPU, and compiled for a generic x86 CPU
+    without F16C, where widen_half must take widen_any's bit trick (LLVM's conversion would
+    call a function numba does not link: a crash)."""
+    import os
+    import platform
+    env = dict(os.environ)
+    if cpu == "generic":
+        if platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip("the generic target without F16C is an x86 one")
+        env["NUMBA_CPU_NAME"] = "generic"
+    out = subprocess.run([sys.executable, "-c", WIDEN_EVERY_FLOAT16], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if cpu == "generic":
+        assert out.stdout.strip() == "False"
 
 
 @numba_only
@@ -335,28 +422,31 @@ class TestNumpyWithoutNumba(BackendConformance):
 
 
 # ------------------------------------------------------------------------------ KV cache
-def test_f16_cache_is_held_in_float32_with_f16_values():
+def test_f16_cache_is_held_in_float16_and_f32_in_float32():
     hp = tiny_hparams()
     prompt = mixed_prompt(hp, 16, np.random.default_rng(0))
     frame = semantic_frame(hp, np.random.default_rng(1))
     path = kit_model("gqa4", "f32")
     m16 = s2core.load(path, backend="numpy", kv_cache_dtype="f16")
     m32 = s2core.load(path, backend="numpy", kv_cache_dtype="f32")
-    assert m16.capabilities.kv_cache_dtype == "f16"
-    assert m16.capabilities.kv_cache_storage_dtype == "f32"
+    assert m16.capabilities.kv_cache_dtype == m16.capabilities.kv_cache_held_dtype == "f16"
+    assert m16.capabilities.kv_cache_storage_dtype is None
     assert m32.capabilities.kv_cache_held_dtype == "f32"
     r = []
-    for m in (m16, m32):
+    for m, held in ((m16, np.float16), (m32, np.float32)):
         m.init_kv_cache(40)
         b = m.backend
-        assert b._k.dtype == b._v.dtype == np.float32
+        assert b._k.dtype == b._v.dtype == held
         assert b._k.nbytes + b._v.nbytes == backend_kv_cache_bytes(hp, 40, m.capabilities)
         r.append(m.prefill(prompt))
+    assert 2 * (m16.backend._k.nbytes + m16.backend._v.nbytes) \
+        == m32.backend._k.nbytes + m32.backend._v.nbytes
     # Within one call the new K/V are used unrounded: the first call is the same either way.
     np.testing.assert_array_equal(r[0].logits, r[1].logits)
     k16, v16 = m16.kv_cache_snapshot()
     k32, _ = m32.kv_cache_snapshot()
-    for c in (k16, v16):  # what later calls read: f16 values
+    for c in (k16, v16):  # what later calls read: f16 values, handed out as float32
+        assert c.dtype == np.float32
         np.testing.assert_array_equal(c, c.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(k16, k32.astype(np.float16).astype(np.float32))
     # The history is read back rounded in the next call, so a step now differs (a little).

@@ -8,10 +8,12 @@ tensor holding an infinite or NaN value or scale) they are widened to float32 on
 tensor at a time, and the widened tensor's file pages are released. The codebook table stays in
 its file type: a call decodes only the rows it gathers.
 
-KV cache: held in float32. With kv_cache_dtype="f16" it holds f16-rounded values, the numbers
-s2.cpp's F16 cache holds, so attention reads the history in place instead of converting it
-every step. A call's own K/V are used unrounded in that call (as s2.cpp: they are computed in
-float32 in the same graph) and rounded once the call's attention has read them.
+KV cache: held in its type, float16 (kv_cache_dtype="f16", the default: the numbers s2.cpp's
+F16 cache holds, in half float32's bytes) or float32. With numba, attention reads float16 rows
+where they are held, widening them in registers (row_kernels.py); without it, a call widens its
+layer's history into one float32 block. A call's own K/V are used unrounded in that call (as
+s2.cpp: they are computed in float32 in the same graph) and rounded once the call's attention
+has read them (layers.visible_keys).
 
 The Fast-AR keeps its K/V between the calls of one frame (fast_begin / fast_extend), so each
 call runs only its new position: matrix-vector products, which stream at memory speed. A
@@ -37,7 +39,7 @@ from . import ops
 from .fast_ar import FastDecoder, FastState
 from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
-from .plugin import CACHE_DTYPES, numpy_capabilities
+from .plugin import CACHE_DTYPES, CACHE_NUMPY_DTYPES, numpy_capabilities
 from .weights import WeightLoader, arithmetic_for, linear, numba_kernels_possible
 
 
@@ -61,7 +63,8 @@ class NumpyBackend(Backend):
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels, arithmetic)
         self._numba = numba_kernels
         self.row_ops = self._row_ops(numba_kernels)
-        self.round_f16 = kv_cache_dtype == "f16"
+        #: the cache's held type: f16 values in float16, read in place by attention
+        self.kv_dtype = CACHE_NUMPY_DTYPES[kv_cache_dtype]
         hp = self.hparams
         wl = WeightLoader(model_file, numba_kernels, arithmetic)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
@@ -93,21 +96,21 @@ class NumpyBackend(Backend):
     def allocate_kv_cache(self, max_seq_len: int) -> None:
         hp = self.hparams
         shape = (hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim)  # heads outermost: each
-        k = np.zeros(shape, np.float32)                              # head's rows contiguous
-        v = np.zeros(shape, np.float32)
+        k = np.zeros(shape, self.kv_dtype)                           # head's rows contiguous
+        v = np.zeros(shape, self.kv_dtype)
         self._k, self._v = k, v  # only now: a failed allocation keeps the previous cache
 
     def free_kv_cache(self) -> None:
         self._k = self._v = None
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
-        # .copy(), not ascontiguousarray: with one KV head and a full cache the transposed
-        # slice is already contiguous, and ascontiguousarray would hand out the live cache
-        return tuple(c[:, :, :n_positions].transpose(0, 2, 1, 3).copy()
+        # astype copies (also when the type is float32 and a transposed slice is already
+        # contiguous, where ascontiguousarray would hand out the live cache)
+        return tuple(c[:, :, :n_positions].transpose(0, 2, 1, 3).astype(np.float32)
                      for c in (self._k, self._v))
 
     def write_kv_cache(self, k: np.ndarray, v: np.ndarray) -> None:
-        # float32 holding the cache type's values: exactly what read_kv_cache gave
+        # float32 holding the cache type's values (what read_kv_cache gave): exact in either
         n = k.shape[1]
         self._k[:, :, :n] = k.transpose(0, 2, 1, 3)
         self._v[:, :, :n] = v.transpose(0, 2, 1, 3)
@@ -140,7 +143,7 @@ class NumpyBackend(Backend):
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):
             x = run_block(x, blk, s, cos, sin, self._k[i], self._v[i], batch.n_past,
-                          i == last, self.round_f16, on_workers, self.row_ops)
+                          i == last, on_workers, self.row_ops)
         hidden = self.row_ops.rms_norm(x[-1], self.norm, s.eps)
         return hidden, linear(hidden[None], self.embeddings)[0]
 
@@ -149,7 +152,8 @@ class NumpyBackend(Backend):
     def allocate_kv_slots(self, n_slots: int, max_seq_len: int) -> None:
         from .slots import SlotCache
         hp = self.hparams
-        self._slots = SlotCache(n_slots, hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim)
+        self._slots = SlotCache(n_slots, hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
+                                self.kv_dtype)
 
     def free_kv_slots(self) -> None:
         self._slots = None

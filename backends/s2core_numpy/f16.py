@@ -71,6 +71,50 @@ def _widen(h):
     return _as_float32(bits) * _UNSCALE
 
 
+#: float32 exponent bits all ones: what an infinite or NaN float16 widens to
+_FLOAT32_EXPONENT = np.int32(0x7f800000)
+
+
+@njit(inline="always")
+def widen_any(h):
+    """_widen for every float16, infinities and NaNs too (a KV cache is not checked when it
+    is written, as a weight is when packed): those keep their sign and fraction bits and get
+    float32's all-ones exponent (infinity stays infinity, NaN stays NaN). The test and the
+    select add two vector instructions to _widen's three."""
+    bits = (np.int32(np.int16(h)) << np.int32(13)) & _SIGN_AND_MAGNITUDE
+    if (np.int32(h) & np.int32(_EXPONENT)) == np.int32(_EXPONENT):
+        return _as_float32(bits | _FLOAT32_EXPONENT)
+    return _as_float32(bits) * _UNSCALE
+
+
+def target_converts_half() -> bool:
+    """Whether the CPU numba compiles for converts float16 in hardware: x86's F16C (every
+    AVX2 CPU has it) or any AArch64. There LLVM turns a half-to-float extension into one
+    vector instruction (vcvtph2ps, fcvtl); elsewhere it would call a runtime function that
+    numba does not link (the process crashes), so widen_half takes widen_any's bit trick."""
+    from numba.core.registry import cpu_target
+    triple, _, features = cpu_target.target_context.codegen().magic_tuple()
+    return triple.startswith(("aarch64", "arm64")) or "+f16c" in features.split(",")
+
+
+@intrinsic
+def widen_half(typingctx, h):
+    """A float16 given by its int16 bits as float32, exactly, for every value (infinities
+    and NaNs included): the hardware conversion where the target has one
+    (target_converts_half, decided when the kernel is compiled), widen_any otherwise. The
+    conversion is 1 instruction for 16 values against widen_any's 5: attention over an F16
+    cache (row_kernels.py), which multiplies each value only 4 times, feels the difference."""
+    if not (isinstance(h, types.Integer) and h.bitwidth == 16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        if target_converts_half():
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return context.compile_internal(builder, lambda x: widen_any(x), signature, args)
+
+    return types.float32(h), codegen
+
+
 # ---------------------------------------------------------------------------------- kernels
 # As in q8_0.py: the innermost loops run over the TILE outputs of a tile, so LLVM vectorizes
 # them; parallel=True splits tiles among numba's threads; cache=True keeps compiled code.

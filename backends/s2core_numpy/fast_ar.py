@@ -93,6 +93,6 @@ class FastDecoder:
         for i, blk in enumerate(self.layers):
             x = run_block_segments(x, blk, s, cos, sin, segments,
                                    lambda r, i=i: state.k[r, i], lambda r, i=i: state.v[r, i],
-                                   i == last, False, row_ops=self.row_ops)
+                                   i == last, row_ops=self.row_ops)
         state.n = start + n
         return linear(self.row_ops.rms_norm(x, self.norm, s.eps), self.output)

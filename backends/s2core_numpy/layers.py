@@ -30,16 +30,40 @@ def qkv_projection(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     return row_ops.rope(q, cos, sin), row_ops.rope(k, cos, sin), v
 
 
-def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int, q_start: int,
-              scale: float, on_workers: bool, row_ops: RowOps) -> np.ndarray:
-    """row_ops.attention over cache positions 0..end-1; on_workers: one KV head (and its query
-    heads) per item."""
+def visible_keys(k_cache: np.ndarray, v_cache: np.ndarray, lo: int, k_rows: np.ndarray,
+                 v_rows: np.ndarray, prefix: ops.KV | None = None) -> ops.Keys:
+    """The keys a call's queries attend to: the prefix's rows (if any), the cache's rows
+    [0, lo) and the call's own rows k_rows, v_rows (n_kv, n, d), which go to cache rows
+    [lo, lo + n). A float32 cache takes them now and is read as one block; a float16 cache
+    gets them from keep_rows after the attention, which reads them unrounded (as s2.cpp: they
+    are computed in float32 in the same graph), and later calls read them rounded."""
+    hi = lo + k_rows.shape[1]
+    if k_cache.dtype == np.float32:
+        k_cache[:, lo:hi] = k_rows
+        v_cache[:, lo:hi] = v_rows
+        return ops.Keys(prefix, (k_cache, v_cache), hi)
+    return ops.Keys(prefix, (k_cache, v_cache), lo,
+                    (np.ascontiguousarray(k_rows), np.ascontiguousarray(v_rows)))
+
+
+def keep_rows(k_cache: np.ndarray, v_cache: np.ndarray, lo: int, keys: ops.Keys) -> None:
+    """The call's own rows into a float16 cache (rounded to nearest) once attention has read
+    them (a float32 cache holds them already: visible_keys)."""
+    if keys.new is not None:
+        hi = lo + keys.new[0].shape[1]
+        k_cache[:, lo:hi] = keys.new[0]
+        v_cache[:, lo:hi] = keys.new[1]
+
+
+def attention(q: np.ndarray, keys: ops.Keys, q_start: int, scale: float, on_workers: bool,
+              row_ops: RowOps) -> np.ndarray:
+    """row_ops.attention over keys; on_workers: one KV head (and its query heads) per item."""
     n, n_head, d = q.shape
-    n_kv = k_cache.shape[0]
+    n_kv = keys.cache[0].shape[0]
     if not on_workers or n == 1 or n_kv == 1:
-        return row_ops.attention(q, k_cache, v_cache, end, q_start, scale)
+        return row_ops.attention(q, keys, q_start, scale)
     from .workers import share
-    k, v = k_cache[:, :end], v_cache[:, :end]
+    k, v = keys.joined()
     group = n_head // n_kv
     out = np.empty((n, n_head * d), np.float32)
 
@@ -53,27 +77,23 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
 
 def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
               sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
-              last_only: bool, round_f16: bool, on_workers: bool = False,
+              last_only: bool, on_workers: bool = False,
               row_ops: RowOps = NUMPY_OPS) -> np.ndarray:
     """One block over the rows x at positions start.. with the layer's cache (n_head_kv,
-    capacity, head_dim) float32. last_only: only the last row's output is needed.
-    on_workers: every product and the attention run on the workers (workers.py).
-    row_ops: the norms', the rotation's and the attention's code (ops.RowOps)."""
+    capacity, head_dim), float32 or float16 (the cache type: visible_keys). last_only: only
+    the last row's output is needed. on_workers: every product and the attention run on the
+    workers (workers.py). row_ops: the norms', the rotation's and the attention's code
+    (ops.RowOps)."""
     n = x.shape[0]
     end = start + n
     q, k, v = qkv_projection(x, blk, s, cos, sin, on_workers, row_ops)
-    k_new, v_new = k_cache[:, start:end], v_cache[:, start:end]
-    k_new[...] = k.transpose(1, 0, 2)  # unrounded: this call attends to its own K/V in f32
-    v_new[...] = v.transpose(1, 0, 2)
+    keys = visible_keys(k_cache, v_cache, start, k.transpose(1, 0, 2), v.transpose(1, 0, 2))
     q_start = start
     if last_only and n > 1:
         # Only the last position reaches the output: skip the others' attention and FFN.
         x, q, q_start = x[-1:], q[-1:], end - 1
-    attn = attention(q, k_cache, v_cache, end, q_start, s.attn_scale, on_workers, row_ops)
-    if round_f16:
-        # What later calls read: the values an F16 cache holds (n rows, not the history).
-        k_new[...] = k_new.astype(np.float16)
-        v_new[...] = v_new.astype(np.float16)
+    attn = attention(q, keys, q_start, s.attn_scale, on_workers, row_ops)
+    keep_rows(k_cache, v_cache, start, keys)
     on_workers = on_workers and x.shape[0] > 1
     h = x + linear(attn, blk.wo, on_workers)
     f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
@@ -83,7 +103,7 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
 
 def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: np.ndarray,
                        segments: list[tuple[int, int, int]], k_layer, v_layer,
-                       last_only: bool, round_f16: bool, prefix_layer=None,
+                       last_only: bool, prefix_layer=None,
                        row_ops: ops.RowOps = ops.NUMPY_OPS) -> np.ndarray:
     """layers.run_block for several sequences: x holds every segment's rows. segments:
     (lo, hi, start) per sequence; k_layer(i) / v_layer(i): segment i's cache of this layer.
@@ -96,50 +116,22 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
     for i, (lo, hi, start) in enumerate(segments):
         end = start + hi - lo
         shared = None if prefix_layer is None else prefix_layer(i)
-        base = 0 if shared is None else shared[0].shape[1]
+        own = start - (0 if shared is None else shared[0].shape[1])  # index in its cache
         k_cache, v_cache = k_layer(i), v_layer(i)
-        k_new, v_new = k_cache[:, start - base:end - base], v_cache[:, start - base:end - base]
-        k_new[...] = k[lo:hi].transpose(1, 0, 2)  # unrounded within this call, as run_block
-        v_new[...] = v[lo:hi].transpose(1, 0, 2)
+        keys = visible_keys(k_cache, v_cache, own, k[lo:hi].transpose(1, 0, 2),
+                            v[lo:hi].transpose(1, 0, 2), shared)
         q_lo, q_start = lo, start
         if last_only and hi - lo > 1:
             q_lo, q_start = hi - 1, end - 1
-        if shared is None:
-            attn.append(row_ops.attention(q[q_lo:hi], k_cache, v_cache, end, q_start,
-                                          s.attn_scale))
-        else:
-            attn.append(prefixed_attention(q[q_lo:hi], *shared, k_cache[:, :end - base],
-                                           v_cache[:, :end - base], q_start, s.attn_scale))
+        attn.append(row_ops.attention(q[q_lo:hi], keys, q_start, s.attn_scale))
+        keep_rows(k_cache, v_cache, own, keys)
         kept.append((q_lo, hi))
-        if round_f16:
-            k_new[...] = k_new.astype(np.float16)
-            v_new[...] = v_new.astype(np.float16)
     if sum(hi - lo for lo, hi in kept) != x.shape[0]:  # last_only dropped earlier rows
         x = np.concatenate([x[lo:hi] for lo, hi in kept])
     a = attn[0] if len(attn) == 1 else np.concatenate(attn)
     h = x + linear(a, blk.wo)
     f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
     return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
-
-
-def prefixed_attention(q: np.ndarray, k_prefix: np.ndarray, v_prefix: np.ndarray,
-                       k: np.ndarray, v: np.ndarray, q_start: int, scale: float) -> np.ndarray:
-    """ops.causal_attention over keys held in two blocks, the shared prefix's (positions
-    [0, n)) and then the sequence's own (positions n and later), without joining them: the
-    scores of both blocks go into one softmax, and the weighted sum reads each block's V in
-    place. Only the order of that last sum differs from one block (float32 rounding)."""
-    n, n_head, d = q.shape
-    n_kv, p = k_prefix.shape[0], k_prefix.shape[1]
-    t = p + k.shape[1]
-    group = n_head // n_kv
-    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3).reshape(n_kv, group * n, d)
-    scores = np.empty((n_kv, group * n, t), np.float32)
-    scores[:, :, :p] = np.matmul(qg, k_prefix.transpose(0, 2, 1))
-    scores[:, :, p:] = np.matmul(qg, k.transpose(0, 2, 1))
-    scores *= np.float32(scale)
-    w = ops.causal_softmax(scores.reshape(n_kv, group, n, t), q_start).reshape(n_kv, group * n, t)
-    out = np.matmul(w[:, :, :p], v_prefix) + np.matmul(w[:, :, p:], v)  # (n_kv, group*n, d)
-    return out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3).reshape(n, n_head * d)
 
 
 def embed(embeddings: Weight, model_file: ModelFile, batch: EvalBatch) -> np.ndarray:

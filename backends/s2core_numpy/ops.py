@@ -72,11 +72,46 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
 
 
-def cached_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, end: int,
-                     q_start: int, scale: float) -> np.ndarray:
-    """causal_attention over cache positions 0..end-1 (k_cache, v_cache: (n_kv, capacity,
-    d))."""
-    return causal_attention(q, k_cache[:, :end], v_cache[:, :end], q_start, scale)
+KV = tuple[np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The K and V (each (n_kv, rows, d)) one call's queries attend to, in position order:
+    a shared prefix's rows (or None), the sequence's cache's rows [0, n_cached) and the
+    call's own new rows (float32, unrounded; None when a float32 cache holds them already).
+    Cached rows are float32 or float16 (an f16 cache): readers widen them. The cache is
+    given whole, not sliced: the kernels (row_kernels.py) vectorize over rows they know to be
+    contiguous, which a slice's type does not say."""
+
+    prefix: KV | None
+    cache: KV
+    n_cached: int
+    new: KV | None = None
+
+    @property
+    def blocks(self) -> list[KV]:
+        cached = (self.cache[0][:, :self.n_cached], self.cache[1][:, :self.n_cached])
+        return [b for b in (self.prefix, cached, self.new) if b is not None]
+
+    @property
+    def end(self) -> int:
+        """Positions visible: the last query sits at end - 1."""
+        return sum(b[0].shape[1] for b in self.blocks)
+
+    def joined(self) -> KV:
+        """K and V of every position as float32 (n_kv, end, d): one float32 block is read in
+        place; more, or float16 ones, are copied into one (NumPy's product needs one)."""
+        blocks = self.blocks
+        if len(blocks) == 1 and blocks[0][0].dtype == np.float32:
+            return blocks[0]
+        return tuple(np.concatenate([b[i] for b in blocks], axis=1, dtype=np.float32)
+                     for i in (0, 1))
+
+
+def cached_attention(q: np.ndarray, keys: Keys, q_start: int, scale: float) -> np.ndarray:
+    """causal_attention over the positions of keys (q's rows sit at q_start ..)."""
+    return causal_attention(q, *keys.joined(), q_start, scale)
 
 
 @dataclass(frozen=True)
@@ -87,7 +122,7 @@ class RowOps:
 
     rms_norm: Callable[[np.ndarray, np.ndarray, float], np.ndarray]    # (x, weight, eps)
     rope: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]   # (x, cos, sin)
-    attention: Callable[..., np.ndarray]  # as cached_attention
+    attention: Callable[[np.ndarray, Keys, int, float], np.ndarray]  # as cached_attention
 
 
 NUMPY_OPS = RowOps(rms_norm, apply_rope, cached_attention)

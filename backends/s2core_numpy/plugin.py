@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
+
 from s2core.plugin import Capabilities
 from s2core.plugin import CodecCapabilities
 from s2core.plugin import BackendSpec, Option, Probe, hookimpl
 
 CACHE_DTYPES = ("f16", "f32")
+#: the NumPy type each cache type is held in (an F16 cache in float16: half float32's bytes)
+CACHE_NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32}
 #: the CPU reference: always available; other CPU backends rank by the benchmarks
 PRIORITY = 100
 #: a Q8_0 block (34 bytes: float16 scale + 32 codes) as the numba kernels hold it: the scale
@@ -77,14 +81,12 @@ def default_arithmetic() -> str:
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None,
                        arithmetic: str | None = None) -> Capabilities:
     """numba_kernels: F16, Q8_0 and block-quantized matrices kept in their file type; None =
-    when numba is there. An F16 cache is held in float32 (f16-rounded values) so attention
-    reads it in place. arithmetic: "ggml" (s2.cpp's activation rounding, act_quant.py) or
+    when numba is there. Each cache type is held as itself (CACHE_NUMPY_DTYPES). arithmetic: "ggml" (s2.cpp's activation rounding, act_quant.py) or
     "f32"."""
     if numba_kernels is None:
         numba_kernels = numba_available()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
                         kv_cache_dtype=kv_cache_dtype,
-                        kv_cache_storage_dtype="f32" if kv_cache_dtype == "f16" else None,
                         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
                         native_weight_types=frozenset({"f32"}) | (NUMBA_TYPES if numba_kernels
                                                                   else frozenset()),
@@ -109,7 +111,7 @@ def probe() -> Probe:
 #: the keyword options NumpyBackend takes, checked by the core before the backend is imported
 OPTIONS = (
     Option("kv_cache_dtype", choices=CACHE_DTYPES, default="f16",
-           doc="type of the cached K/V values (f16 as s2.cpp; held as f16-rounded float32)"),
+           doc="type of the cached K/V values and of their memory (f16 as s2.cpp)"),
     Option("numba_kernels", choices=(None, True, False), default=None,
            doc="keep F16, Q8_0 and block-quantized matrices as stored and compute from them "
                "with numba (None: when numba is installed; False: widen them to float32)"),

@@ -34,22 +34,25 @@ def segments_of(batches: list[EvalBatch]) -> list[tuple[int, int, int]]:
 
 
 class SlotCache:
-    """n_slots caches [n_layer, n_head_kv, capacity, head_dim] float32 (the backend's own
-    single-sequence layout, one per slot), and shared prefixes in the same layout: a slot
-    that starts with one (`attach`) holds only its own positions, from index 0 of its cache.
-    A prefix's handle is a number never given twice, so removing one changes no other."""
+    """n_slots caches [n_layer, n_head_kv, capacity, head_dim] of the cache's held type
+    (float16 or float32: the backend's own single-sequence layout, one per slot), and shared
+    prefixes in the same layout and type: a slot that starts with one (`attach`) holds only
+    its own positions, from index 0 of its cache. A prefix's handle is a number never given
+    twice, so removing one changes no other. read and write take float32, as the contract's
+    read_kv_slot and write_kv_slot."""
 
     def __init__(self, n_slots: int, n_layer: int, n_head_kv: int, capacity: int,
-                 head_dim: int):
+                 head_dim: int, dtype: type = np.float32):
         shape = (n_slots, n_layer, n_head_kv, capacity, head_dim)
-        self.k = np.zeros(shape, np.float32)
-        self.v = np.zeros(shape, np.float32)
+        self.dtype = dtype
+        self.k = np.zeros(shape, dtype)
+        self.v = np.zeros(shape, dtype)
         self.prefixes: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # read-only, held once
         self.attached: list[int | None] = [None] * n_slots            # a key of prefixes
         self._next_handle = 0
 
     def add_prefix(self, k: np.ndarray, v: np.ndarray) -> int:
-        pair = tuple(np.ascontiguousarray(c.transpose(0, 2, 1, 3), np.float32) for c in (k, v))
+        pair = tuple(np.ascontiguousarray(c.transpose(0, 2, 1, 3), self.dtype) for c in (k, v))
         for c in pair:
             c.flags.writeable = False
         handle, self._next_handle = self._next_handle, self._next_handle + 1
@@ -83,7 +86,7 @@ class SlotCache:
             own = c[slot, :, :, :max(n - base, 0)]
             rows = own if h is None else np.concatenate(
                 [self.prefixes[h][i][:, :, :min(n, base)], own], axis=2)
-            out.append(rows.transpose(0, 2, 1, 3).copy())
+            out.append(rows.transpose(0, 2, 1, 3).astype(np.float32))  # a copy
         return tuple(out)
 
     def write(self, slot: int, k: np.ndarray, v: np.ndarray) -> None:
@@ -108,8 +111,8 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
         x = run_block_segments(x, blk, s, cos, sin, segments,
                                lambda j, i=i: cache.k[slots[j], i],
                                lambda j, i=i: cache.v[slots[j], i],
-                               i == last, backend.round_f16,
-                               lambda j, i=i: cache.prefix(slots[j], i), backend.row_ops)
+                               i == last, lambda j, i=i: cache.prefix(slots[j], i),
+                               backend.row_ops)
     hidden = backend.row_ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
     logits = linear(hidden, backend.embeddings)
     return [(hidden[j].copy(), logits[j].copy()) for j in range(len(items))]
