@@ -17,8 +17,22 @@ from s2core_numpy.backend import NumpyBackend
 
 
 class CacheStorageUnderstated(NumpyBackend):
-    """Holds its f16 cache in float32 (f16-rounded values) but declares it held as f16: the
-    memory limit and `s2core info` count half the bytes it takes."""
+    """Holds its f16 cache in float32 (f16-rounded values, as NumPy's backend once did) but
+    declares it held as f16: the memory limit and `s2core info` count half the bytes it
+    takes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._round = self.kv_dtype == np.float16
+        self.kv_dtype = np.float32  # the cache (and slots) in float32
+
+    def eval_cached(self, batch):
+        out = super().eval_cached(batch)
+        if self._round:  # the rows this call wrote, f16-rounded once it has read them
+            rows = slice(batch.n_past, batch.n_past + batch.n_tokens)
+            for c in (self._k, self._v):
+                c[:, :, rows] = c[:, :, rows].astype(np.float16)
+        return out
 
     @property
     def capabilities(self):
