@@ -248,3 +248,21 @@ def test_e2e_case_quick_run(tmp_path):
     assert s["per_audio_s"]["total"] == pytest.approx(seconds["total"] / s["audio_s"])
     text = path.with_suffix(".md").read_text()
     assert "time to first audio" in text and "CPU flags:" in text
+
+
+def test_batch_report_judges_load_pick_against_the_fastest():
+    """The batch case's verdict on load()'s pick: the fastest at every size, or a bug."""
+    from s2core.benchmarking.batch import choice_lines
+
+    def result(backend, fps):
+        return {"backend": backend, "weight_type": "f16", "status": "ok",
+                "sizes": [{"sequences": b, "frames_per_s": f} for b, f in zip((1, 4), fps)]}
+
+    report = {"sizes": [1, 4], "picks": {"f16": "numpy"},
+              "results": [result("numpy", (1.0, 3.0)), result("torch", (0.8, 2.0))]}
+    assert "| f16 | numpy | numpy | numpy | the fastest |" in choice_lines(report)
+    report["results"][1] = result("torch", (0.8, 3.5))  # torch batches faster: a bad pick
+    assert "| f16 | numpy | numpy | torch | slower than another: a bug in selection.py |" \
+        in choice_lines(report)
+    report["results"] = report["results"][:1]
+    assert any("not compared" in line for line in choice_lines(report))

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", type=_csv,
                    help="backends to measure, comma-separated (default: every available one)")
     p.add_argument("--context", type=int, help="KV cache positions before the decode steps (256)")
+    p.add_argument("--sizes", type=lambda text: tuple(int(x) for x in _csv(text)),
+                   help="batch case: the numbers of concurrent sequences, the first the "
+                        "baseline of the speedups (default 1,2,4,8)")
     p.add_argument("--steps", type=int, help="timed decode steps after 3 warm-up steps (20)")
     p.add_argument("--prefill-tokens", type=int, help="tokens per timed prefill (256)")
     p.add_argument("--phase-budget", type=float, dest="phase_budget_s",
@@ -115,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.case == "batch":
         from s2core.benchmarking.batch import run_batch_benchmark, write_outputs as write_batch
-        return write_batch(run_batch_benchmark(cfg, _say), cfg.out_dir)
+        if args.sizes is not None and (not args.sizes or min(args.sizes) < 1):
+            print("--sizes must be positive numbers of sequences", file=sys.stderr)
+            return 2
+        return write_batch(run_batch_benchmark(cfg, _say, sizes=args.sizes), cfg.out_dir)
 
     if args.case == "http":
         from s2core.benchmarking.http import run_http_benchmark, write_outputs as write_http
