@@ -153,6 +153,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         out["codec_one_shot_s"] = decodes
         out["codec_frame_ms"] = min(decodes) / spec["codec_probe_frames"] * 1e3
 
+        # the sentence's length: <|im_end|> is blocked until then (random weights)
+        sentence = GenerationConfig(max_new_tokens=spec["frames"],
+                                    min_tokens_before_end=spec["frames"], seed=0,
+                                    im_end_id=tok.im_end_id)
+
         # 3. time to first audio, from the call, the voice restored from its files
         def first_audio() -> dict[str, Any]:
             marks: dict[str, float] = {}
@@ -161,11 +166,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 if samples.size and "first" not in marks:
                     marks["first"] = time.perf_counter()
 
-            config = GenerationConfig(max_new_tokens=spec["frames"], seed=0,
-                                      im_end_id=tok.im_end_id)
             t0 = time.perf_counter()
-            r = speak(model, tok, SENTENCE, voice=VOICE_NAME, voices_dir=voices, config=config,
-                      audio=AudioOut(codec, stream=True, on_audio=on_audio),
+            r = speak(model, tok, SENTENCE, voice=VOICE_NAME, voices_dir=voices,
+                      config=sentence, audio=AudioOut(codec, stream=True, on_audio=on_audio),
                       on_frame=lambda i, frame: False)  # stop after the first frame
             if r.voice.prefix != "restored":
                 raise RuntimeError(f"the voice prefix was {r.voice.prefix!r}, not restored "
@@ -188,11 +191,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         out["first_audio"] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 
         # 4. the whole sentence
-        config = GenerationConfig(max_new_tokens=spec["frames"],
-                                  min_tokens_before_end=spec["frames"], seed=0,
-                                  im_end_id=tok.im_end_id)
         t0 = time.perf_counter()
-        r = speak(model, tok, SENTENCE, voice=VOICE_NAME, voices_dir=voices, config=config,
+        r = speak(model, tok, SENTENCE, voice=VOICE_NAME, voices_dir=voices, config=sentence,
                   audio=AudioOut(codec, stream=True))
         total_s = time.perf_counter() - t0
         out["sentence"] = {"frames": r.frames, "audio_s": r.audio_stats.audio_s,
