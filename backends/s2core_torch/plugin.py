@@ -32,11 +32,11 @@ QUANTIZED_MODES = ("stored", "widen")
 CPU_WIDENED_DTYPE = "f16"
 
 CUDA_PRIORITY = 300
-#: Below NumPy's 100 but within selection.PEER_BAND of it, as measured (benchmarks/results,
-#: docs/backend-choice.md): where both hold a file in the same bytes NumPy steps and batches
-#: faster (f32: both map it; f16 with numba: NumPy packs it, torch maps it), so those go to
-#: NumPy; selection prefers torch where it holds fewer bytes (bf16, or f16 and quantized files
-#: when numba is missing and NumPy would compute from float32 copies).
+#: Below NumPy's 100 but within selection.PEER_BAND of it, as measured (benchmarks/results):
+#: where both map a file in place (f32) NumPy steps faster (~1.0x its floor, torch ~1.8x), so
+#: the tie goes to NumPy; selection prefers torch where it holds fewer bytes or copies fewer
+#: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster on this
+#: project's Intel Xeon (docs/backend-choice.md; NumPy was on an AMD EPYC).
 CPU_PRIORITY = 90
 
 #: codec rank (s2core.runtime.codec_selection): on the CPU just below NumPy's codec, as measured with

@@ -1,24 +1,24 @@
 """Which backend `load()` picks for a model file when none is named.
 
-The pick is the one that runs fastest over a session (serve, generate_many, a long text):
-its steady-state speed, not its load time. It reads declared capabilities and the file
-only, never a backend's name.
+The pick is the one that runs fastest over a session (serve, generate_many, a long text), as
+far as declared capabilities can tell; a pick that the benchmark on the same machine shows
+slower is a bug (`s2core bench --case batch` prints its verdict per file). It reads
+capabilities and the file only, never a backend's name.
 
 1. Priority ranks backends (accelerators far above CPU ones). Backends whose priority is
    within PEER_BAND of the best available are peers.
 2. Among peers, the one that holds the file in the fewest bytes: a decode step reads every
    weight once, so it runs at memory speed and its time follows the bytes held
-   (benchmarks/results: NumPy's q8_0 kept as int8 beats torch's f16 copy of it, and without
-   numba torch's f16 beats NumPy's float32 copies).
-3. Between equal holdings, priority: each plugin sets it from the measured step and batch
-   speed of its kernels (NumPy's numba F16 kernels widen in registers and step 1.1-1.3x
-   faster than torch's f16 GEMV, and batch better; both map f32, and NumPy's float32 GEMV
-   is the faster).
-4. Only then the bytes copied at load (weights used in place from the memory map load
-   instantly): load time is paid once, the step at every frame. NumPy packs an f16 file
-   into its kernels' layout, which torch maps as is: 27 s against 0.1 s at real size here,
-   won back after 18 frames (docs/backend-choice.md), so one-shot commands (`s2core speak`)
-   use the same rule.
+   (benchmarks/results: NumPy's q8_0 and q4_k_m kept as stored beat torch's f16 copies).
+3. Between equal holdings, the one that copies fewer bytes at load: weights used in place
+   from the memory map load instantly and are shared through the page cache.
+4. Then priority (f32: both map it, and NumPy's float32 GEMV is the faster).
+
+Step 3 decides f16 files: NumPy (with numba) packs them into its layout, torch maps them. Which
+of the two then steps faster depends on the CPU: torch on this project's Intel Xeon (4 layers,
+quiet: 117 against 266 ms a step, 2.32 against 1.78 frames/s with 4 sequences), NumPy on its
+AMD EPYC (49 against 70 ms). The capabilities cannot tell those apart, so the tie goes to the
+mapped file, instant to load and the faster where last measured (docs/backend-choice.md).
 """
 
 from __future__ import annotations
@@ -48,9 +48,8 @@ def rank_backends(rows: list[BackendInfo], model_file: ModelFile) -> list[str]:
         best = max(r.priority for r in available)
         peers = [r for r in available if r.priority >= best - PEER_BAND]
         chosen = min(peers, key=lambda r: (resident_weight_bytes(model_file, r.capabilities),
-                                           -r.priority,
                                            copied_weight_bytes(model_file, r.capabilities),
-                                           r.name))
+                                           -r.priority, r.name))
         order.append(chosen.name)
         available.remove(chosen)
     return order
