@@ -12,7 +12,9 @@ capabilities and the file only, never a backend's name.
    (benchmarks/results: NumPy's q8_0 and q4_k_m kept as stored beat torch's f16 copies).
 3. Between equal holdings, the one that copies fewer bytes at load: weights used in place
    from the memory map load instantly and are shared through the page cache.
-4. Then priority (f32: both map it, and NumPy's float32 GEMV is the faster).
+4. Then priority (f32: both map it; NumPy's float32 GEMV was the faster a step on the AMD
+   EPYC; on the Intel Xeon the two tie alone and torch batches f32 faster: an open question
+   in docs/backend-choice.md).
 
 Step 3 decides f16 files: NumPy (with numba) packs them into its layout, torch maps them. Which
 of the two then steps faster depends on the CPU: torch on this project's Intel Xeon (4 layers,
@@ -53,4 +55,3 @@ def rank_backends(rows: list[BackendInfo], model_file: ModelFile) -> list[str]:
         order.append(chosen.name)
         available.remove(chosen)
     return order
-
