@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The real-size case: a 36-layer S2 Pro-shaped file loaded as a user loads it, measured once.
 
-    python benchmarks/real_size.py [--type q4_k_m] [--layers 36] [--frames 15]
+    python benchmarks/real_size.py [--type q4_k_m] [--layers 36] [--frames 15] [--backend numpy]
 
 Writes the file into the model cache (quantized tensors as random valid blocks: the K-quant
 quantizer takes minutes a layer, and times do not depend on the values), reads it once so the
@@ -18,7 +18,8 @@ load below finds it in the page cache, then in this one process:
   the machine's speed moves between minutes here, and a floor measured at another minute
   can be from a faster or slower moment.
 
-Results go to benchmarks/results/real-size-<date>-<time>-<machine tag>.json and .md.
+Results go to benchmarks/results/real-size-<date>-<time>-<machine tag>-<type>-<backend>.json
+and .md.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     p.add_argument("--model-dir", type=Path, default=None)
+    p.add_argument("--backend", default=None,
+                   help="the backend to measure (default: the one load() picks for the file)")
     args = p.parse_args(argv)
 
     hp = s2pro_hparams(n_layer=args.layers)
@@ -76,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
 
     bw_before = measure_bandwidth(512, 5)
     print(f"read bandwidth {bw_before.read_gbps:.1f} GB/s", file=sys.stderr)
-    backend = s2core.default_backend(str(path))
+    picked = s2core.default_backend(str(path))
+    backend = args.backend or picked
     s2core.get_registry().backend_class(backend)  # the backend's import is not the load
     probe = SumProbe(256)  # allocated before the baseline: not counted as the model's
     base = resident.snapshot()
     t0 = time.perf_counter()
-    model = s2core.load(str(path))
+    model = s2core.load(str(path), backend=backend)
     load_s = time.perf_counter() - t0
     after = resident.snapshot()
     grown = {k: after[k] - base[k] for k in ("rss", "anon", "file") if k in after}
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine.describe(), "type": args.type, "layers": args.layers,
         "random_blocks": args.type in RANDOM_BLOCK_TYPES, "path": str(path),
-        "file_bytes": acc.file_bytes, "backend": backend,
+        "file_bytes": acc.file_bytes, "backend": backend, "load_picks": picked,
         "native_weight_types": sorted(model.capabilities.native_weight_types),
         "load_s": load_s, "resident_growth": grown,
         "resident_over_file": grown["rss"] / acc.file_bytes,
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / (f"real-size-{dt.datetime.now():%Y%m%d-%H%M}-"
-                       f"{machine.machine_tag(report['machine'])}")
+                       f"{machine.machine_tag(report['machine'])}-{args.type}-{backend}")
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
     stem.with_suffix(".md").write_text(text)
     print(f"wrote {stem}.json, .md", file=sys.stderr)
@@ -180,7 +184,9 @@ def _percent(share: float | None) -> str:
 def markdown(r: dict) -> str:
     g = r["resident_growth"]
     return "\n".join([
-        f"# Real-size {r['type']}: {r['layers']} Slow-AR layers, auto-selected backend",
+        f"# Real-size {r['type']}: {r['layers']} Slow-AR layers, backend {r['backend']}"
+        + (" (load()'s pick)" if r["backend"] == r.get("load_picks", r["backend"])
+           else f" (load() picks {r['load_picks']})"),
         "",
         f"{r['created']}; file {r['file_bytes'] / 1e9:.2f} GB"
         + (" (random valid blocks)" if r["random_blocks"] else "")

@@ -199,3 +199,70 @@ def test_http_case_quick_run(tmp_path):
         assert 0 < row["first_audio_p50_s"] <= row["first_audio_p95_s"]
         assert row["http_frames_per_s"] > 0 and row["codes_frames_per_s"] > 0
     assert path.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_e2e_case_quick_run(tmp_path):
+    """`s2core bench --case e2e --quick`: the sentence spoken with a voice restored from its
+    files on the backend load() picks, the codec in the same file; the floor's parts add up,
+    the split of the sentence's time stays inside its wall time (no time compared with a
+    bound)."""
+    import s2core
+    from s2core.benchmarking import e2e
+
+    rc = main(["--case", "e2e", "--quick", "--out", str(tmp_path / "out"),
+               "--model-dir", str(tmp_path / "models")])
+    assert rc == 0
+    [path] = (tmp_path / "out").glob("e2e-*.json")
+    report = json.loads(path.read_text())
+    [r] = report["results"]
+    assert r["status"] == "ok", r.get("error")
+    assert r["weight_type"] == "q4_k_m"
+    [model_file] = (tmp_path / "models").glob("model-q4_k_m-*.gguf")
+    assert r["backend"] == s2core.default_backend(str(model_file))
+    v = r["voice"]
+    assert v["prefix_positions"] > 215 and v["text_positions"] > v["sentence_tokens"] > 10
+    assert len(r["first_audio_runs"]) == 2
+    for run in r["first_audio_runs"]:
+        assert run["restored_positions"] == v["prefix_positions"]
+        assert run["prefilled_positions"] == v["text_positions"]
+        assert 0 < run["prefill_ms"] + run["fast_ar_ms"] + run["codec_push_ms"] \
+            < run["first_audio_ms"]
+
+    floor = r["floor"]
+    assert all(floor[k] > 0 for k in e2e.FLOOR_PARTS)
+    assert floor["total_ms"] == pytest.approx(sum(floor[k] for k in e2e.FLOOR_PARTS))
+    assert r["first_audio_ratio"] == pytest.approx(r["first_audio"]["first_audio_ms"]
+                                                   / floor["total_ms"])
+    assert len(r["sgemm_gflops"]) == 2 and min(r["sgemm_gflops"]) > 0
+
+    s = r["sentence"]
+    assert s["frames"] == e2e.QUICK_FRAMES and s["stopped_by"] == "max_new_tokens"
+    assert s["audio_s"] == pytest.approx(s["samples"] / 44100) and s["samples"] > 0
+    seconds = s["seconds"]
+    assert all(seconds[k] > 0 for k in e2e.SPLIT_PARTS)
+    # the parts are timed inside the wall time, each once: what they leave is >= 0, and here
+    # (a synthesis, no I/O to wait for) a small part of it
+    assert 0 <= seconds["other"] < 0.5 * seconds["total"]
+    assert seconds["total"] == pytest.approx(sum(seconds[k] for k in e2e.SPLIT_PARTS)
+                                             + seconds["other"])
+    assert s["per_audio_s"]["total"] == pytest.approx(seconds["total"] / s["audio_s"])
+    text = path.with_suffix(".md").read_text()
+    assert "time to first audio" in text and "CPU flags:" in text
+
+
+def test_batch_report_judges_load_pick_against_the_fastest():
+    """The batch case's verdict on load()'s pick: the fastest at every size, or a bug."""
+    from s2core.benchmarking.batch import choice_lines
+
+    def result(backend, fps):
+        return {"backend": backend, "weight_type": "f16", "status": "ok",
+                "sizes": [{"sequences": b, "frames_per_s": f} for b, f in zip((1, 4), fps)]}
+
+    report = {"sizes": [1, 4], "picks": {"f16": "numpy"},
+              "results": [result("numpy", (1.0, 3.0)), result("torch", (0.8, 2.0))]}
+    assert "| f16 | numpy | numpy | numpy | the fastest |" in choice_lines(report)
+    report["results"][1] = result("torch", (0.8, 3.5))  # torch batches faster: a bad pick
+    assert "| f16 | numpy | numpy | torch | slower than another: a bug in selection.py |" \
+        in choice_lines(report)
+    report["results"] = report["results"][:1]
+    assert any("not compared" in line for line in choice_lines(report))

@@ -42,8 +42,9 @@ def test_peers_are_ranked_by_bytes_held(files, weight_type, expected):
 
 
 def test_equal_holdings_go_to_the_one_that_maps_the_file(files):
-    """numpy-like (packs f16 into its own copy) against torch-like (maps f16 in place): the
-    same bytes held, fewer copied wins over priority; where both map (f32) priority decides."""
+    """numpy-like (packs f16 into its own copy, priority 100) against torch-like (maps f16 in
+    place, priority 90), the same bytes held: fewer bytes copied wins over priority; where
+    both map (f32) priority decides."""
     packer = BackendInfo("packer", 100, True, "", Capabilities(
         native_weight_types=frozenset({"f32", "f16"}), mapped_weight_types=frozenset({"f32"})),
         "test")
@@ -56,6 +57,40 @@ def test_equal_holdings_go_to_the_one_that_maps_the_file(files):
     assert copied_weight_bytes(files["f16"], mapper.capabilities) == 0
     assert copied_weight_bytes(files["f16"], packer.capabilities) == sum(
         t.n_bytes for t in files["f16"].model_tensors() if t.type_name == "f16")
+
+
+@pytest.fixture(scope="module")
+def s2pro_typed_files(tmp_path_factory):
+    """One-layer demo-shaped files (rows of whole K-quant blocks) of the four benchmarked
+    types."""
+    import dataclasses
+    from s2core.embedded.writer import demo_hparams
+    d = tmp_path_factory.mktemp("sel-types")
+    hp = dataclasses.replace(demo_hparams(), n_layer=1)
+    return {t: ModelFile(write_model(d / f"{t}.gguf", hp, t, random_blocks=t == "q4_k_m").path)
+            for t in ("f32", "f16", "q8_0", "q4_k_m")}
+
+
+# What benchmarks/results/batch-20261203-1340-* and -1343-* measured on this project's
+# machine with little else running (docs/backend-choice.md), as the declared capabilities must
+# reproduce it: with numba NumPy is the faster on f32, q8_0 and q4_k_m, torch on f16; without
+# numba NumPy computes from float32 copies, and torch's f16 (half the bytes) is the faster
+# except on f32 files, which both map.
+@pytest.mark.parametrize("numba_kernels,expected", [
+    (True, {"f32": "numpy", "f16": "torch", "q8_0": "numpy", "q4_k_m": "numpy"}),
+    (False, {"f32": "numpy", "f16": "torch", "q8_0": "torch", "q4_k_m": "torch"}),
+])
+def test_the_registered_cpu_backends_declare_the_measured_pick(s2pro_typed_files, numba_kernels,
+                                                               expected):
+    from s2core_numpy import plugin as numpy_plugin
+    from s2core_torch import plugin as torch_plugin
+    rows = [BackendInfo("numpy", numpy_plugin.PRIORITY, True, "",
+                        numpy_plugin.numpy_capabilities(numba_kernels=numba_kernels), "test"),
+            BackendInfo("torch", torch_plugin.CPU_PRIORITY, True, "",
+                        torch_plugin.torch_capabilities("cpu", "f16", n_accelerated_layers=0),
+                        "test")]
+    picks = {t: choose_backend(rows, mf) for t, mf in s2pro_typed_files.items()}
+    assert picks == expected
 
 
 def test_accelerator_far_above_wins_regardless_of_bytes(files):

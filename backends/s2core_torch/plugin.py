@@ -35,7 +35,8 @@ CUDA_PRIORITY = 300
 #: Below NumPy's 100 but within selection.PEER_BAND of it, as measured (benchmarks/results):
 #: where both map a file in place (f32) NumPy steps faster (~1.0x its floor, torch ~1.8x), so
 #: the tie goes to NumPy; selection prefers torch where it holds fewer bytes or copies fewer
-#: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster.
+#: (f16: mapped in place, against NumPy's packed copy), and there torch was the faster on this
+#: project's Intel Xeon (docs/backend-choice.md; NumPy was on an AMD EPYC).
 CPU_PRIORITY = 90
 
 #: codec rank (s2core.runtime.codec_selection): on the CPU just below NumPy's codec, as measured with

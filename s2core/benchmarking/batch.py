@@ -117,21 +117,26 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- the parent
 def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
-                        context: int = 64, rounds: int = 3) -> dict[str, Any]:
+                        context: int = 64, rounds: int = 3,
+                        sizes: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """sizes: the batch sizes, the first the baseline of the speedups (default BATCH_SIZES;
+    1, 2 with --quick)."""
+    import s2core
     from s2core.benchmarking import machine
     from s2core.benchmarking.models import prepare_model
     from s2core.benchmarking.runner import child_env, select_backends
 
     info = machine.describe()
     hp = cfg.hparams()
-    sizes = (1, 2) if cfg.quick else BATCH_SIZES
+    sizes = sizes or ((1, 2) if cfg.quick else BATCH_SIZES)
     report: dict[str, Any] = {
         "schema": SCHEMA, "case": "batch",
         "created": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "config": cfg.as_dict(), "machine": info, "model_label": cfg.model_label,
         "machine_tag": machine.machine_tag(info), "results": [], "frames": frames,
         "rounds": 1 if cfg.quick else rounds,
-        "context": context, "sizes": list(sizes), "load_average_start": list(load_average())}
+        "context": context, "sizes": list(sizes), "picks": {},
+        "load_average_start": list(load_average())}
     for line in machine.summary_lines(info):
         say(line)
     names, skipped = select_backends(cfg.backends)
@@ -139,6 +144,8 @@ def run_batch_benchmark(cfg, say: Callable[[str], None], frames: int = 4,
     with tempfile.TemporaryDirectory(prefix="s2core-batch-") as tmp:
         for wtype in cfg.types:
             acct = prepare_model(hp, wtype, cfg.seed, 1, cfg.model_dir)
+            # what load() picks for this file here, set against the measurements below
+            report["picks"][wtype] = s2core.default_backend(str(acct.path))
             for name in names:
                 say(f"[{wtype}] {name}: {', '.join(map(str, sizes))} concurrent sequences, "
                     f"in a fresh process ...")
@@ -185,11 +192,41 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                          f"{_fmt(row['fast_ms'])} |")
         if r.get("stopped"):
             lines.append(f"| {r['weight_type']} | {r['backend']} | {r['stopped']} | | | | | |")
+    lines += choice_lines(report)
     lines += ["", "per call = sequences one backend call evaluates (min(B, the backend's "
               "max_batch_sequences)); step = the Slow-AR call of a step (B rows); Fast-AR = "
               "its ten passes for all B rows.",
               f"Load average at start {report['load_average_start']}, end "
               f"{report['load_average_end']}."]
+    return lines
+
+
+def fastest(report: dict[str, Any], weight_type: str, sequences: int) -> str | None:
+    """The measured backend with the most frames/s for this type at this batch size."""
+    rows = [(row["frames_per_s"], r["backend"]) for r in report["results"]
+            if r["status"] == "ok" and r["weight_type"] == weight_type
+            for row in r["sizes"] if row["sequences"] == sequences]
+    return max(rows)[1] if len(rows) > 1 else None
+
+
+def choice_lines(report: dict[str, Any]) -> list[str]:
+    """load()'s pick for each type against the fastest measured backend (s2core.runtime.
+    selection: a pick the measurements show slower is a bug there)."""
+    picks = report.get("picks") or {}
+    if not picks:
+        return []
+    lines = ["", "load()'s pick for each file on this machine, against the fastest measured "
+             "(frames/s):", "", "| type | load() picks | " +
+             " | ".join(f"fastest at B={b}" for b in report["sizes"]) + " | verdict |",
+             "|---|---|" + "---|" * len(report["sizes"]) + "---|"]
+    for wtype, pick in picks.items():
+        best = [fastest(report, wtype, b) for b in report["sizes"]]
+        measured = [b for b in best if b is not None]
+        verdict = ("not compared (one backend measured)" if not measured else
+                   "the fastest" if all(b == pick for b in measured) else
+                   "slower than another: a bug in selection.py")
+        lines.append(f"| {wtype} | {pick} | " + " | ".join(b or "-" for b in best)
+                     + f" | {verdict} |")
     return lines
 
 

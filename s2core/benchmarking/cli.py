@@ -22,13 +22,17 @@ def build_parser() -> argparse.ArgumentParser:
         prog="s2core bench",
         description="Measure every available backend on S2 Pro-shaped models: load, memory, "
                     "prefill, decode step (against the memory-bandwidth floor) and Fast-AR.")
-    p.add_argument("--case", choices=("backends", "voice", "batch", "http"), default="backends",
+    p.add_argument("--case", choices=("backends", "voice", "batch", "http", "e2e"),
+                   default="backends",
                    help="backends: load, prefill, decode step, Fast-AR per backend (default); "
                         "voice: time to first frame with a cold prompt vs a restored voice "
                         "prefix (types default f16); batch: aggregate frames/s of 1, 2, 4 and "
                         "8 concurrent sequences through s2core.serving (types default "
                         "f16,q8_0); http: 1, 4 and 16 streaming clients over HTTP against "
-                        "generate_many in process (types default q8_0)")
+                        "generate_many in process (types default q8_0); e2e: a 10-word sentence with a restored "
+                        "voice and the codec in the same file, time to first audio against its "
+                        "floor and compute s per audio s (types default q4_k_m, layers 36, the "
+                        "backend load() picks unless --backends names some)")
     p.add_argument("--layers", type=int,
                    help="Slow-AR layers of the model (default 4; 1 with --quick)")
     p.add_argument("--types", type=_csv,
@@ -36,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", type=_csv,
                    help="backends to measure, comma-separated (default: every available one)")
     p.add_argument("--context", type=int, help="KV cache positions before the decode steps (256)")
+    p.add_argument("--sizes", type=lambda text: tuple(int(x) for x in _csv(text)),
+                   help="batch case: the numbers of concurrent sequences, the first the "
+                        "baseline of the speedups (default 1,2,4,8)")
     p.add_argument("--steps", type=int, help="timed decode steps after 3 warm-up steps (20)")
     p.add_argument("--prefill-tokens", type=int, help="tokens per timed prefill (256)")
     p.add_argument("--phase-budget", type=float, dest="phase_budget_s",
@@ -70,6 +77,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.case == "http" and args.types is None:
         from s2core.benchmarking.http import DEFAULT_TYPES as HTTP_TYPES
         fields["types"] = HTTP_TYPES
+    if args.case == "e2e":
+        from s2core.benchmarking import e2e
+        if args.types is None:
+            fields["types"] = e2e.DEFAULT_TYPES
+        if args.layers is None and not args.quick:
+            fields["layers"] = e2e.DEFAULT_LAYERS
     if args.quick:
         return BenchConfig.quick_run(**fields)
     return BenchConfig(**{k: v for k, v in fields.items() if v is not None})
@@ -105,11 +118,18 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.case == "batch":
         from s2core.benchmarking.batch import run_batch_benchmark, write_outputs as write_batch
-        return write_batch(run_batch_benchmark(cfg, _say), cfg.out_dir)
+        if args.sizes is not None and (not args.sizes or min(args.sizes) < 1):
+            print("--sizes must be positive numbers of sequences", file=sys.stderr)
+            return 2
+        return write_batch(run_batch_benchmark(cfg, _say, sizes=args.sizes), cfg.out_dir)
 
     if args.case == "http":
         from s2core.benchmarking.http import run_http_benchmark, write_outputs as write_http
         return write_http(run_http_benchmark(cfg, _say), cfg.out_dir)
+
+    if args.case == "e2e":
+        from s2core.benchmarking.e2e import run_e2e_benchmark, write_outputs as write_e2e
+        return write_e2e(run_e2e_benchmark(cfg, _say), cfg.out_dir)
 
     from s2core.benchmarking.runner import run_benchmark
 

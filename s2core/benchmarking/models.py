@@ -15,6 +15,7 @@ from pathlib import Path
 from s2core.modelfile.file import ModelFile
 from s2core.modelfile.hparams import Hparams
 from s2core.embedded.cache import cache_dir, cached_model
+from s2core.embedded.codec_writer import CodecConfig
 from s2core.benchmarking.workload import ModelAccount, account
 
 READ_CHUNK = 64 << 20
@@ -45,12 +46,15 @@ class WriteProgress:
 
 
 def prepare_model(hp: Hparams, weight_type: str, seed: int, prefill_tokens: int,
-                  directory: Path | None = None) -> ModelAccount:
-    """Write the model if the cache lacks it, warm the page cache, return its byte counts."""
+                  directory: Path | None = None, codec: CodecConfig | None = None
+                  ) -> ModelAccount:
+    """Write the model if the cache lacks it, warm the page cache, return its byte counts.
+    `codec`: the file carries this codec too (as s2.cpp's files do)."""
     target = directory or cache_dir()
-    label = f"{weight_type} model ({hp.n_layer} layers) into {target}"
+    label = (f"{weight_type} model ({hp.n_layer} layers{', with its codec' if codec else ''}) "
+             f"into {target}")
     path = cached_model(hp, weight_type, seed=seed, stem="model", directory=directory,
-                        progress=WriteProgress(label),
+                        progress=WriteProgress(label), codec=codec,
                         random_blocks=weight_type in RANDOM_BLOCK_TYPES)
     warm_page_cache(path)
     mf = ModelFile(path)

@@ -63,10 +63,12 @@ def layer_matrix_params(hp: Hparams) -> int:
     return (hp.q_size + 2 * hp.kv_size) * hp.dim + hp.dim * hp.q_size + 3 * hp.ffn * hp.dim
 
 
-def prefill_flops(hp: Hparams, n: int) -> int:
-    """FLOPs of a prefill of n tokens into an empty cache (formula in the module docstring)."""
+def prefill_flops(hp: Hparams, n: int, context: int = 0) -> int:
+    """FLOPs of a prefill of n tokens after `context` cached positions (a restored voice
+    prefix; 0: an empty cache). Formula in the module docstring; query i sees context + i + 1
+    keys, so the cached positions add n_layer * 4 * n_head * head_dim * n * context."""
     matmuls = 2 * n * hp.n_layer * layer_matrix_params(hp)
-    attention = hp.n_layer * 2 * hp.n_head * hp.head_dim * n * (n + 1)
+    attention = hp.n_layer * 2 * hp.n_head * hp.head_dim * (n * (n + 1) + 2 * n * context)
     logits = 2 * hp.vocab_size * hp.dim
     return matmuls + attention + logits
 

@@ -116,8 +116,12 @@ class GenerationStats:
     #: from the call to the first frame's codes (prompt, first sample, first Fast-AR codes)
     first_frame_s: float | None = None
     step_s: list[float] = field(default_factory=list)
-    fast_decode_s: list[float] = field(default_factory=list)  # one entry per frame
+    #: one entry per frame: its Fast-AR calls and the draws of their codes
+    fast_decode_s: list[float] = field(default_factory=list)
+    #: drawing main tokens (the Slow-AR's logits)
     sample_s: float = 0.0
+    #: drawing codes 1..C-1 from the Fast-AR's logits (a part of fast_decode_s)
+    code_sample_s: float = 0.0
     frames: int = 0
     total_s: float = 0.0
     stopped_by: str = ""  # "im_end", "max_new_tokens", "closed" (the caller stopped early)

@@ -54,7 +54,7 @@ def _finite(logits: np.ndarray) -> np.ndarray:
 
 class FrameRule:
     """One synthesis's sampling state: its generator (seeded by config.seed), the RAS window,
-    and the time spent sampling main tokens (added to stats.sample_s)."""
+    and the time spent sampling (main tokens: stats.sample_s; codes: stats.code_sample_s)."""
 
     def __init__(self, hp, config: GenerationConfig, stats: GenerationStats):
         self._hp = hp
@@ -87,6 +87,9 @@ class FrameRule:
 
     def draw_code(self, fast_logits: np.ndarray) -> int:
         """Step 3: the next code from the Fast-AR's logits."""
+        t = time.perf_counter()
         s = self._config.codes
-        return int(draw(candidates(_finite(fast_logits), s.top_p, s.top_k), s.temperature,
+        code = int(draw(candidates(_finite(fast_logits), s.top_p, s.top_k), s.temperature,
                         self._rng))
+        self._stats.code_sample_s += time.perf_counter() - t
+        return code

@@ -1,17 +1,26 @@
 """Which backend `load()` picks for a model file when none is named.
 
-Priority ranks backends (accelerators far above CPU ones). Backends whose priority is within
-PEER_BAND of the best available are peers, and among peers the one that holds the file in
-the fewest bytes wins: a decode step reads every weight once, so it runs at memory speed and
-its time follows the bytes held (benchmarks/results: on one CPU, NumPy's q8_0 kept as int8
-beats torch's f16 copy of it, and without numba torch's f16 beats NumPy's float32 copies).
-Between equal holdings, the one that copies fewer bytes at load wins (weights used in place
-from the memory map load instantly and are shared through the page cache: torch maps an f16
-file, NumPy packs it into its kernels' layout, 4.9 s at 4 layers), then priority (f32: both
-map it, NumPy's float32 GEMV is faster). For f16 that choice now costs step speed: since
-NumPy's F16 kernels widen in registers its step is the faster (49 against 70 ms, 4 layers,
-benchmarks/results 2026-12-02 00:06); pass backend="numpy" for long generations. It reads
+The pick is the one that runs fastest over a session (serve, generate_many, a long text), as
+far as declared capabilities can tell; a pick that the benchmark on the same machine shows
+slower is a bug (`s2core bench --case batch` prints its verdict per file). It reads
 capabilities and the file only, never a backend's name.
+
+1. Priority ranks backends (accelerators far above CPU ones). Backends whose priority is
+   within PEER_BAND of the best available are peers.
+2. Among peers, the one that holds the file in the fewest bytes: a decode step reads every
+   weight once, so it runs at memory speed and its time follows the bytes held
+   (benchmarks/results: NumPy's q8_0 and q4_k_m kept as stored beat torch's f16 copies).
+3. Between equal holdings, the one that copies fewer bytes at load: weights used in place
+   from the memory map load instantly and are shared through the page cache.
+4. Then priority (f32: both map it; NumPy's float32 GEMV was the faster a step on the AMD
+   EPYC; on the Intel Xeon the two tie alone and torch batches f32 faster: an open question
+   in docs/backend-choice.md).
+
+Step 3 decides f16 files: NumPy (with numba) packs them into its layout, torch maps them. Which
+of the two then steps faster depends on the CPU: torch on this project's Intel Xeon (4 layers,
+quiet: 117 against 266 ms a step, 2.32 against 1.78 frames/s with 4 sequences), NumPy on its
+AMD EPYC (49 against 70 ms). The capabilities cannot tell those apart, so the tie goes to the
+mapped file, instant to load and the faster where last measured (docs/backend-choice.md).
 """
 
 from __future__ import annotations
