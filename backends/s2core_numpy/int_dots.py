@@ -32,20 +32,15 @@ from numba import njit, prange
 
 from . import act_quant
 from .f16 import _widen
-from .simd import (BLOCK_ROWS, Q4_K_HEADER, Q6_K_HEADER, Q8_0_HEADER, ROWS, SIGNED_FLIP, isa,
-                   q4_k_block, q4_k_blocks, q6_k_block, q6_k_blocks, q8_0_block, q8_0_blocks)
-from .stack import stack_array
+from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q8_0_HEADER, Q8_0_KIND, ROWS,
+                   SIGNED_FLIP, isa, products)
 
 #: per type: (file bytes per 256 inputs of a row, header bytes of a tile-block)
 _GEOMETRY = {QT.Q8_0: (8 * 34, Q8_0_HEADER), QT.Q4_K: (144, Q4_K_HEADER),
              QT.Q6_K: (210, Q6_K_HEADER)}
 TYPES = frozenset(_GEOMETRY)
-_Q8_0, _Q4_K, _Q6_K = 8, 12, 14
-#: activation rows per pass over a tile (its float32 outputs sit on the stack)
-CHUNK = 16
-#: rows per kernel call (simd.BLOCK_ROWS)
-BLOCK = BLOCK_ROWS[isa()]
-_ACC = CHUNK * ROWS
+_Q8_0, _Q4_K = Q8_0_KIND, Q4_K_KIND
+
 
 
 def supported(qtype: QT, shape: tuple[int, int]) -> bool:
@@ -127,50 +122,6 @@ def _q4_k_scale_min(h, s, j):
 
 
 # ------------------------------------------------------------------------ products
-@njit(parallel=True, cache=True)
-def products(kind, packed, xq, xd, xs, out):
-    """out (R, tiles * 16) = the activation rows (xq (R, in) int8 codes, xd (R, d per row)
-    float32 d, xs (R, in / 16) int32 sums of 16 codes) times the packed matrix: per tile of 16
-    rows, per 256 inputs, per activation row, one simd.py kernel."""
-    n_tiles, n_super, tb = packed.shape
-    n_rows, n_in = xq.shape
-    n_d = xd.shape[1] // n_super  # d per 256 inputs: Q8_0 8, Q8_K 1
-    flat, codes, ds, sums = packed.reshape(-1), xq.reshape(-1), xd.reshape(-1), xs.reshape(-1)
-    for t in prange(n_tiles):
-        acc = stack_array(1, _ACC, np.float32)[0]
-        for first in range(0, n_rows, CHUNK):  # the tile stays in L2 across chunks
-            rows = min(CHUNK, n_rows - first)
-            for i in range(rows * ROWS):
-                acc[i] = 0
-            for sb in range(n_super):
-                at = (t * n_super + sb) * tb
-                c = 0
-                while c < rows:  # BLOCK rows share each weight load, then one at a time
-                    r = first + c
-                    args = (flat, at, codes, r * n_in + sb * 256, n_in, ds,
-                            (r * n_super + sb) * n_d, n_super * n_d, sums,
-                            r * (n_in // 16) + sb * 16, n_in // 16, acc, c * ROWS)
-                    if rows - c >= BLOCK:
-                        if kind == _Q8_0:
-                            q8_0_blocks(*args)
-                        elif kind == _Q4_K:
-                            q4_k_blocks(*args)
-                        else:
-                            q6_k_blocks(*args)
-                        c += BLOCK
-                    else:
-                        if kind == _Q8_0:
-                            q8_0_block(*args)
-                        elif kind == _Q4_K:
-                            q4_k_block(*args)
-                        else:
-                            q6_k_block(*args)
-                        c += 1
-            for c in range(rows):
-                for j in range(ROWS):
-                    out[first + c, t * ROWS + j] = acc[c * ROWS + j]
-
-
 # ------------------------------------------------------------------------ decoding
 @njit(nogil=True, cache=True)
 def decode(kind, packed, header_bytes, flip, t, w):

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from .stack import stack_array
 
 ROWS = 16  # output rows per group: one VNNI register of int32 sums
 GROUP_BYTES = 64  # ROWS x 4 inputs
@@ -57,9 +60,10 @@ class _Emitter:
     with 4 activation bytes. A group value is a list of vectors (one <64 x i8> on VNNI, two
     <32 x i8> on AVX2); an accumulator likewise (<16 x i32>, or two <8 x i32>)."""
 
-    def __init__(self, builder: ir.IRBuilder, kind: str):
+    def __init__(self, builder: ir.IRBuilder, kind: str, ahead: int = 0):
         self.b = builder
         self.kind = kind
+        self.ahead = ahead  # bytes ahead of each group read whose line load() asks for
         self.parts = 1 if kind == "vnni" else 2
         width = GROUP_BYTES // self.parts
         self.bytes_t = ir.VectorType(_I8, width)
@@ -91,8 +95,21 @@ class _Emitter:
     def zero(self) -> list:
         return [ir.Constant(self.sums_t, [0] * self.sums_t.count)] * self.parts
 
+    def prefetch(self, base, offset) -> None:
+        """Ask for the line at byte offset + ahead (prefetch.py: a tile-block two ahead, a
+        line per group read, overlaps the memory stream with this block's arithmetic; x86
+        prefetches never fault, past the end included)."""
+        at = self.b.add(offset, ir.Constant(offset.type, self.ahead))
+        ptr = self.b.gep(base, [at])
+        i32 = ir.IntType(32)
+        fn = self.b.module.declare_intrinsic(
+            "llvm.prefetch", [ptr.type], ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]))
+        self.b.call(fn, [ptr, i32(0), i32(3), i32(1)])
+
     def load(self, base, offset) -> list:
         """The group at byte `offset` (an i64 value) of the uint8 pointer `base`."""
+        if self.ahead:
+            self.prefetch(base, offset)
         out = []
         for p in range(self.parts):
             at = self.b.add(offset, ir.Constant(offset.type, p * self.bytes_t.count))
@@ -153,11 +170,15 @@ class _Emitter:
     def row_bytes(self, base, offset, signed: bool) -> list:
         """The 16 bytes at byte `offset` (one per row) as int32, sign- or zero-extended."""
         ext = self.b.sext if signed else self.b.zext
+        if self.ahead:
+            self.prefetch(base, offset)
         return [ext(self.b.load(self._part_ptr(base, offset, _I8, p), align=1), self.sums_t)
                 for p in range(self.parts)]
 
     def row_byte_vectors(self, base, offset) -> list:
         """The 16 bytes at byte `offset` as byte vectors (bit operations before widening)."""
+        if self.ahead:
+            self.prefetch(base, offset)
         return [self.b.load(self._part_ptr(base, offset, _I8, p), align=1)
                 for p in range(self.parts)]
 
@@ -168,6 +189,8 @@ class _Emitter:
     def row_halves(self, base, offset) -> list:
         """The 16 float16 at byte `offset` (row j at offset + 2j) as float32 vectors."""
         lanes = self.sums_t.count
+        if self.ahead:
+            self.prefetch(base, offset)
         out = []
         for p in range(self.parts):
             at = self.b.add(offset, ir.Constant(offset.type, 2 * p * lanes))
@@ -203,13 +226,16 @@ def _const(value: int) -> ir.Constant:
     return ir.Constant(ir.IntType(64), value)
 
 
+#: tile-blocks ahead of the one being computed whose lines the kernels ask for (prefetch.py)
+PREFETCH_BLOCKS = 2
+
 #: activation rows one kernel call takes, sharing each weight load and the block's scales.
 #: Four on AVX2 too, although its 16 registers spill some: 9728 x 2560, 8 rows, one loaded
 #: core, Haswell build: Q4_K 123 -> 90 us, Q6_K 168 -> 133 us against two rows a call
 BLOCK_ROWS = {"vnni": 4, "avx2": 4, "": 1}
 
 
-def _make(body, n_rows: int):
+def _make(body, n_rows: int, tile_block_bytes: int):
     """An intrinsic (codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step, out,
     out_at) -> None that adds `n_rows` activation rows' products with one tile-block
     (int_dots.py) to 16 float32 outputs each: codes uint8 (the tile-block at byte `at`), x int8
@@ -238,7 +264,8 @@ def _make(body, n_rows: int):
                 rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
                              builder.add(int64(9), step[2]),
                              builder.add(int64(12), _const(r * ROWS))])
-            body(_Emitter(builder, isa()), ptrs, int64(1), rows)
+            body(_Emitter(builder, isa(), PREFETCH_BLOCKS * tile_block_bytes), ptrs, int64(1),
+                 rows)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -384,10 +411,71 @@ def _q6_k(e: _Emitter, ptrs, at, rows) -> None:
         e.add_to_rows(out, out_at, e.op("fmul", d, e.to_float(totals[r])))
 
 
+#: tile-block bytes per type (16 rows x the file's bytes per 256 inputs)
+TILE_BLOCK_BYTES = {"q8_0": ROWS * 8 * 34, "q4_k": ROWS * 144, "q6_k": ROWS * 210}
 #: per type, the kernel for one row and for BLOCK_ROWS[isa()] rows
-q8_0_block, q8_0_blocks = _make(_q8_0, 1), _make(_q8_0, BLOCK_ROWS[isa()])
-q4_k_block, q4_k_blocks = _make(_q4_k, 1), _make(_q4_k, BLOCK_ROWS[isa()])
-q6_k_block, q6_k_blocks = _make(_q6_k, 1), _make(_q6_k, BLOCK_ROWS[isa()])
+q8_0_block, q8_0_blocks = (_make(_q8_0, n, TILE_BLOCK_BYTES["q8_0"])
+                           for n in (1, BLOCK_ROWS[isa()]))
+q4_k_block, q4_k_blocks = (_make(_q4_k, n, TILE_BLOCK_BYTES["q4_k"])
+                           for n in (1, BLOCK_ROWS[isa()]))
+q6_k_block, q6_k_blocks = (_make(_q6_k, n, TILE_BLOCK_BYTES["q6_k"])
+                           for n in (1, BLOCK_ROWS[isa()]))
 
 #: what signed weight codes are stored xor, by ISA (signed_dot)
 SIGNED_FLIP = {"vnni": 128, "avx2": 0, "": 0}
+
+
+# ------------------------------------------------------------------ the driver
+# Here, beside the intrinsics it inlines: numba's on-disk cache of a function is invalidated
+# by its own file only, so a driver in another module would keep running stale kernels after
+# this file changed.
+Q8_0_KIND, Q4_K_KIND, Q6_K_KIND = 8, 12, 14  # GGML's type numbers
+#: activation rows per pass over a tile (its float32 outputs sit on the stack)
+CHUNK = 16
+#: rows per kernel call
+BLOCK = BLOCK_ROWS[isa()]
+_ACC = CHUNK * ROWS
+
+
+@njit(parallel=True, cache=True)
+def products(kind, packed, xq, xd, xs, out):
+    """out (R, tiles * 16) = the activation rows (xq (R, in) int8 codes, xd (R, d per row)
+    float32 d, xs (R, in / 16) int32 sums of 16 codes) times the packed matrix: per tile of 16
+    rows, per 256 inputs, per activation row, one simd.py kernel."""
+    n_tiles, n_super, tb = packed.shape
+    n_rows, n_in = xq.shape
+    n_d = xd.shape[1] // n_super  # d per 256 inputs: Q8_0 8, Q8_K 1
+    flat, codes, ds, sums = packed.reshape(-1), xq.reshape(-1), xd.reshape(-1), xs.reshape(-1)
+    for t in prange(n_tiles):
+        acc = stack_array(1, _ACC, np.float32)[0]
+        for first in range(0, n_rows, CHUNK):  # the tile stays in L2 across chunks
+            rows = min(CHUNK, n_rows - first)
+            for i in range(rows * ROWS):
+                acc[i] = 0
+            for sb in range(n_super):
+                at = (t * n_super + sb) * tb
+                c = 0
+                while c < rows:  # BLOCK rows share each weight load, then one at a time
+                    r = first + c
+                    args = (flat, at, codes, r * n_in + sb * 256, n_in, ds,
+                            (r * n_super + sb) * n_d, n_super * n_d, sums,
+                            r * (n_in // 16) + sb * 16, n_in // 16, acc, c * ROWS)
+                    if rows - c >= BLOCK:
+                        if kind == Q8_0_KIND:
+                            q8_0_blocks(*args)
+                        elif kind == Q4_K_KIND:
+                            q4_k_blocks(*args)
+                        else:
+                            q6_k_blocks(*args)
+                        c += BLOCK
+                    else:
+                        if kind == Q8_0_KIND:
+                            q8_0_block(*args)
+                        elif kind == Q4_K_KIND:
+                            q4_k_block(*args)
+                        else:
+                            q6_k_block(*args)
+                        c += 1
+            for c in range(rows):
+                for j in range(ROWS):
+                    out[first + c, t * ROWS + j] = acc[c * ROWS + j]
