@@ -12,14 +12,15 @@ output row, ggml's float step:
 The integer parts are exact, as in ggml, so the numbers are ggml's up to the order of the float
 sums over blocks (ggml's order depends on its SIMD width; ~1e-7 relative).
 
-Layout (`pack`): tiles of 16 output rows; per tile and per 256 inputs a "tile-block" holding
-the 16 rows' header bytes (scales), transposed so that one byte position of the 16 rows is
-contiguous (the float step vectorizes over the rows), then their codes as simd.py's 64-byte
-groups, in the order simd.py's kernels read them. The bytes are the file's, rearranged: the
-matrix holds what the file holds.
+Layout (`_pack`): tiles of 16 output rows; per tile and per 256 inputs a "tile-block" holding
+the 16 rows' header (their float16 d's side by side, scale bytes transposed so that one byte
+position of the 16 rows is contiguous: the unpacking vectorizes over the rows), then their
+codes as simd.py's 64-byte groups, in the order simd.py's kernels read them (simd.py lists
+each type's layout). The bytes are the file's, rearranged: the matrix holds what the file
+holds. `decode` reads them back as gguf dequantizes them, for row lookups.
 
-Every product, one row or a prefill's hundreds, takes these kernels, a tile's rows in chunks
-of CHUNK while the tile sits in L2: a row's numbers never depend on the rows beside it (a
+Every product, one row or a prefill's hundreds, takes these kernels (simd.products), a tile's
+rows in chunks while the tile sits in L2: a row's numbers never depend on the rows beside it (a
 batched step's sequences get their numbers alone, bit for bit), and they beat decoding to
 float32 for sgemm (9728 x 2560 Q4_K, 256 rows: 73 against 183 ms, 2 loaded cores).
 """
