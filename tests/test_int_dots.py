@@ -188,3 +188,21 @@ def test_a_non_finite_scale_is_widened_and_said_under_ggml(tmp_path):
     assert isinstance(wo, ActivationRounded) and isinstance(wo.weight, np.ndarray)
     assert isinstance(m.backend.layers[0].wqkv, int_dots.IntDotMatrix)
     m.close()
+
+
+def test_default_arithmetic_follows_the_instruction_set_numba_compiles_for(monkeypatch):
+    """"ggml" by default only where the integer kernels run: the features named to numba win
+    over the host's, and its generic target has none."""
+    from s2core_numpy import plugin
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+sse2,+sse4.2")
+    assert plugin.default_arithmetic() == "f32"
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma")
+    assert plugin.default_arithmetic() == "ggml"
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx512f,+avx512bw,+avx512vnni")
+    assert plugin.default_arithmetic() == "ggml"
+    monkeypatch.delenv("NUMBA_CPU_FEATURES")
+    monkeypatch.setenv("NUMBA_CPU_NAME", "generic")
+    assert plugin.default_arithmetic() == "f32"
+    monkeypatch.setattr(plugin, "numba_available", lambda: False)
+    monkeypatch.delenv("NUMBA_CPU_NAME")
+    assert plugin.default_arithmetic() == "f32"

@@ -58,6 +58,8 @@ def integer_kernels_expected() -> bool:
     if not numba_available():
         return False
     features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features is None and os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic":
+        features = ""  # numba's generic target: no features at all
     if features is not None:
         on = {f[1:] for f in features.split(",") if f.startswith("+")}
     else:
