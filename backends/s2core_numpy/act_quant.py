@@ -43,7 +43,7 @@ DOT_TYPE: dict[QT, str] = {
 
 _F32 = np.float32
 
-try:  # the same numbers in one pass per block (numpy's form below: ~5x the time)
+try:  # the same numbers, vectorized per block (numpy's forms below: ~5x the time)
     from . import act_quant_kernels as _kernels
 except ImportError:  # no numba
     _kernels = None
@@ -53,9 +53,8 @@ def _q8_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q8_0/Q8_1 codes (float32 integers) and unrounded d of blocks (..., 32), in float32 as
     ggml's x86 code computes them."""
     if _kernels is not None:
-        codes, d = np.empty_like(blocks), np.empty(blocks.shape[:-1], _F32)
-        _kernels.q8_codes(blocks.reshape(-1, 32), codes.reshape(-1, 32), d.reshape(-1))
-        return codes, d
+        codes, d, _ = _integer_codes(blocks.reshape(-1, 32), _kernels.q8_0_quantize)
+        return codes.astype(_F32).reshape(blocks.shape), d.reshape(blocks.shape[:-1])
     amax = np.abs(blocks).max(axis=-1)
     d = amax / _F32(127)
     with np.errstate(divide="ignore"):
@@ -87,9 +86,8 @@ def snap_q8_k(x: np.ndarray) -> np.ndarray:
     """x (n, in) float32 -> d * codes per block of 256 (d = 1 / iscale, float32)."""
     blocks = x.reshape(x.shape[0], -1, 256)
     if _kernels is not None:
-        out = np.empty_like(blocks)
-        _kernels.q8_k_snap(blocks.reshape(-1, 256), out.reshape(-1, 256))
-        return out.reshape(x.shape)
+        codes, d, _ = _integer_codes(blocks.reshape(-1, 256), _kernels.q8_k_quantize)
+        return (codes.astype(_F32) * d[:, None]).reshape(x.shape)
     first = np.abs(blocks).argmax(axis=-1)  # the first of largest magnitude, as ggml's scan
     peak = np.take_along_axis(blocks, first[..., None], axis=-1)[..., 0]
     with np.errstate(divide="ignore"):
@@ -121,24 +119,29 @@ def snap(dot_type: str, x: np.ndarray) -> np.ndarray:
     raise ValueError(f"no dot type {dot_type!r}")
 
 
+def _integer_codes(blocks: np.ndarray, kernel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """blocks (n, block) contiguous float32 -> (int8 codes, d (n,), sums per 16 (n, block/16))
+    by one of act_quant_kernels' quantizers."""
+    codes = np.empty(blocks.shape, np.int8)
+    d = np.empty(blocks.shape[0], _F32)
+    sums = np.empty((blocks.shape[0], blocks.shape[1] // 16), np.int32)
+    kernel(np.ascontiguousarray(blocks, _F32), codes, d, sums)
+    return codes, d, sums
+
+
 def quantize(dot_type: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows x (n, in) as ggml's int8 codes for the integer kernels (int_dots.py):
     (codes (n, in) int8, d (n, blocks) float32 as the dot uses it (Q8_0: float16-rounded),
     sums of the codes per 16 inputs (n, in / 16) int32). Needs numba (its callers do)."""
     n, width = x.shape
-    codes = np.empty((n, width), np.int8)
-    sums = np.empty((n, width // 16), np.int32)
     if dot_type == "q8_0":
-        d = np.empty((n, width // 32), _F32)
-        _kernels.q8_0_quantize(x.reshape(-1, 32), codes.reshape(-1, 32), d.reshape(-1),
-                               sums.reshape(-1, 2))
-        return codes, d.astype(np.float16).astype(_F32), sums
-    if dot_type == "q8_k":
-        d = np.empty((n, width // 256), _F32)
-        _kernels.q8_k_quantize(x.reshape(-1, 256), codes.reshape(-1, 256), d.reshape(-1),
-                               sums.reshape(-1, 16))
-        return codes, d, sums
-    raise ValueError(f"no integer codes for dot type {dot_type!r}")
+        codes, d, sums = _integer_codes(x.reshape(-1, 32), _kernels.q8_0_quantize)
+        d = d.astype(np.float16).astype(_F32)
+    elif dot_type == "q8_k":
+        codes, d, sums = _integer_codes(x.reshape(-1, 256), _kernels.q8_k_quantize)
+    else:
+        raise ValueError(f"no integer codes for dot type {dot_type!r}")
+    return codes.reshape(n, width), d.reshape(n, -1), sums.reshape(n, -1)
 
 
 def block_mins(raw: np.ndarray, qtype: QT) -> np.ndarray:
