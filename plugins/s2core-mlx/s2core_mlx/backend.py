@@ -106,9 +106,16 @@ class MlxBackend(Backend):
                 limit = int(working_set) if limit is None else min(limit, int(working_set))
         return limit
 
+    def _return_buffers(self) -> None:
+        """Hand freed buffers back instead of keeping them in MLX's pool, once this model's
+        stream is idle: its thread may still be releasing a finished call's temporaries, and
+        the pool is not to be cleared under it (a segmentation fault in a long test run)."""
+        mx.synchronize(self.stream)
+        mx.clear_cache()
+
     def free_kv_cache(self) -> None:
         self._cache = None
-        mx.clear_cache()  # hand the buffers back instead of keeping them in MLX's pool
+        self._return_buffers()
 
     def read_kv_cache(self, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         with mx.stream(self.stream):
@@ -125,11 +132,11 @@ class MlxBackend(Backend):
             slots = Slots(n_slots, hp.n_layer, hp.n_head_kv, max_seq_len, hp.head_dim,
                           self._cache_dtype)
         self._slots = slots  # the old slots and voices go only once the new ones exist
-        mx.clear_cache()
+        self._return_buffers()
 
     def free_kv_slots(self) -> None:
         self._slots = None
-        mx.clear_cache()
+        self._return_buffers()
 
     def read_kv_slot(self, slot: int, n_positions: int) -> tuple[np.ndarray, np.ndarray]:
         with mx.stream(self.stream):
@@ -150,7 +157,7 @@ class MlxBackend(Backend):
 
     def remove_kv_prefix(self, handle: Any) -> None:
         self._slots.remove_prefix(handle)
-        mx.clear_cache()  # its bytes are free now, as the core counts them
+        self._return_buffers()  # its bytes are free now, as the core counts them
 
     def eval_slots(self, batches: list[tuple[int, EvalBatch]]
                    ) -> list[tuple[mx.array, mx.array]]:
