@@ -69,10 +69,14 @@ class _Emitter:
         self.bytes_t = ir.VectorType(_I8, width)
         self.sums_t = ir.VectorType(_I32, ROWS // self.parts)
         mod = builder.module
+        self.words_t = ir.VectorType(_I16, 2 * self.sums_t.count)
         if kind == "vnni":
             self._dpbusd = cgutils.get_or_insert_function(
                 mod, ir.FunctionType(self.sums_t, [self.sums_t, self.bytes_t, self.bytes_t]),
                 "llvm.x86.avx512.vpdpbusd.512")
+            self._dpwssd = cgutils.get_or_insert_function(
+                mod, ir.FunctionType(self.sums_t, [self.sums_t, self.words_t, self.words_t]),
+                "llvm.x86.avx512.vpdpwssd.512")
         else:
             i16s = ir.VectorType(_I16, width // 2)
             self._i16s = i16s
@@ -149,6 +153,18 @@ class _Emitter:
                 s = m if s is None else self.b.add(s, m)
             out.append(self.b.add(acc[p], self.b.call(self._maddwd, [s, ones])))
         return out
+
+    def pair_dot(self, acc: list, pairs: list, x_pair: ir.Value) -> list:
+        """acc + per row a * u + b * v: `pairs` holds per row two int16 (a low, b high) in
+        its int32, `x_pair` the int16 pair (u low, v high) shared by every row. One VNNI
+        vpdpwssd, or AVX2 vpmaddwd then an add (exact: no saturation in either)."""
+        x = self.splat(x_pair)
+        if self.kind == "vnni":
+            return [self.b.call(self._dpwssd, [acc[0], self.b.bitcast(pairs[0], self.words_t),
+                                               self.b.bitcast(x[0], self.words_t)])]
+        return [self.b.add(a, self.b.call(self._maddwd, [self.b.bitcast(p, self.words_t),
+                                                         self.b.bitcast(v, self.words_t)]))
+                for a, p, v in zip(acc, pairs, x)]
 
     def signed_dot(self, acc: list, w: list, x: list) -> list:
         """acc + the dots of signed weights w with signed activations x. VNNI: w is stored
@@ -319,6 +335,9 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
     def const(n):
         return [ir.Constant(v.type, [n] * v.type.count) for v in header[0]]
 
+    def const32(n):
+        return [ir.Constant(e.sums_t, [n] * e.sums_t.count)] * e.parts
+
     def scale_min(s: int) -> tuple[list, list]:
         """get_scale_min_k4: sub-block s's 6-bit scale and min, per row."""
         if s < 4:
@@ -331,7 +350,7 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
         return e.widen(sc), e.widen(mn)
 
     n = len(rows)
-    sum_scaled, sum_mins = [e.zero() for _ in rows], [e.zero() for _ in rows]
+    sum_scaled = [e.zero() for _ in rows]
     for chunk in range(4):
         low, high = [e.zero() for _ in rows], [e.zero() for _ in rows]
         for g in range(0, 8, 2):
@@ -347,13 +366,27 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
             for r in range(n):
                 low[r], high[r] = e.dot(low[r], pairs_low[r]), e.dot(high[r], pairs_high[r])
         for s, sums in ((2 * chunk, low), (2 * chunk + 1, high)):
-            sc, mn = scale_min(s)
+            sc = scale_min(s)[0]
             for r in range(n):
-                xs_at = rows[r][2]
-                x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * s))),
-                              e.scalar(xs, b.add(xs_at, _const(2 * s + 1))))
                 sum_scaled[r] = e.op("add", sum_scaled[r], e.op("mul", sc, sums[r]))
-                sum_mins[r] = e.op("add", sum_mins[r], e.op("mul", mn, e.splat(x_sum)))
+    # The mins' term, sum_s m_s * sum_x(s), by pairs of sub-blocks in 16 bits (m_s < 64,
+    # |sum_x(s)| <= 32 * 128): one pair dot per two sub-blocks instead of a 32-bit multiply
+    # per sub-block; the same integers.
+    min_pairs = [e.op("or_", scale_min(2 * k)[1], e.op("shl", scale_min(2 * k + 1)[1],
+                                                       const32(16)))
+                 for k in range(4)]
+    sum_mins = []
+    for r in range(n):
+        xs_at = rows[r][2]
+        acc = e.zero()
+        for k in range(4):
+            u, v = (b.add(e.scalar(xs, b.add(xs_at, _const(4 * k + 2 * h))),
+                          e.scalar(xs, b.add(xs_at, _const(4 * k + 2 * h + 1))))
+                    for h in (0, 1))
+            x_pair = b.or_(b.and_(u, ir.Constant(_I32, 0xFFFF)),
+                           b.shl(v, ir.Constant(_I32, 16)))
+            acc = e.pair_dot(acc, min_pairs[k], x_pair)
+        sum_mins.append(acc)
     d_w = e.row_halves(codes, at)
     dmin_w = e.row_halves(codes, b.add(at, _const(32)))
     for r, (_, xd_at, _, out_at) in enumerate(rows):
