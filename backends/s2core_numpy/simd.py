@@ -135,12 +135,16 @@ class _Emitter:
                                                    [0] * words_t.count))
         return [self.b.bitcast(spread, self.bytes_t)] * self.parts
 
-    def dot(self, acc: list, pairs: list) -> list:
+    def dot(self, acc: list, pairs: list, scale: list | None = None) -> list:
         """acc + sum over (weights, activations) in `pairs` of their 4-byte dots; weights
         unsigned, activations signed. On AVX2 the int16 pair sums of all `pairs` are added
         before widening: the caller keeps them within int16 (len(pairs) * 2 * 255 * 128 would
-        not be: callers pass at most 2 pairs of weights below 64)."""
+        not be: callers pass at most 2 pairs of weights below 64).
+        scale (AVX2 only): per row an int32 below 2^15, which multiplies the dots in the
+        widening step itself (vpmaddwd by it instead of by ones: ggml's way), so no 32-bit
+        multiply follows."""
         if self.kind == "vnni":
+            assert scale is None, "VNNI's dots are int32 at once: scale them afterwards"
             for w, x in pairs:
                 acc = [self.b.call(self._dpbusd, [acc[0], w[0], x[0]])]
             return acc
@@ -151,7 +155,11 @@ class _Emitter:
             for w, x in pairs:
                 m = self.b.call(self._maddubs, [w[p], x[p]])
                 s = m if s is None else self.b.add(s, m)
-            out.append(self.b.add(acc[p], self.b.call(self._maddwd, [s, ones])))
+            by = ones if scale is None else self.b.bitcast(
+                self.b.or_(scale[p], self.b.shl(scale[p], ir.Constant(self.sums_t,
+                                                                      [16] * self.sums_t.count))),
+                self._i16s)
+            out.append(self.b.add(acc[p], self.b.call(self._maddwd, [s, by])))
         return out
 
     def pair_dot(self, acc: list, pairs: list, x_pair: ir.Value) -> list:
@@ -351,8 +359,16 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
 
     n = len(rows)
     sum_scaled = [e.zero() for _ in rows]
+    # VNNI sums each sub-block's dots in int32, then multiplies by its scale; AVX2 folds
+    # the scale into the widening of the int16 sums (Emitter.dot), straight into the total.
+    folded = e.kind != "vnni"
     for chunk in range(4):
-        low, high = [e.zero() for _ in rows], [e.zero() for _ in rows]
+        if folded:
+            low, high = sum_scaled, sum_scaled
+            sc_low, sc_high = scale_min(2 * chunk)[0], scale_min(2 * chunk + 1)[0]
+        else:
+            low, high = [e.zero() for _ in rows], [e.zero() for _ in rows]
+            sc_low = sc_high = None
         for g in range(0, 8, 2):
             pairs_low, pairs_high = [[] for _ in rows], [[] for _ in rows]
             for gg in (g, g + 1):
@@ -364,7 +380,10 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
                     pairs_high[r].append((w_high, e.broadcast(
                         x, b.add(x_at, _const(64 * chunk + 32 + 4 * gg)))))
             for r in range(n):
-                low[r], high[r] = e.dot(low[r], pairs_low[r]), e.dot(high[r], pairs_high[r])
+                low[r] = e.dot(low[r], pairs_low[r], sc_low)
+                high[r] = e.dot(high[r], pairs_high[r], sc_high)
+        if folded:
+            continue
         for s, sums in ((2 * chunk, low), (2 * chunk + 1, high)):
             sc = scale_min(s)[0]
             for r in range(n):
