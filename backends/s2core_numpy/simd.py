@@ -155,12 +155,16 @@ class _Emitter:
             for w, x in pairs:
                 m = self.b.call(self._maddubs, [w[p], x[p]])
                 s = m if s is None else self.b.add(s, m)
-            by = ones if scale is None else self.b.bitcast(
-                self.b.or_(scale[p], self.b.shl(scale[p], ir.Constant(self.sums_t,
-                                                                      [16] * self.sums_t.count))),
-                self._i16s)
+            by = ones if scale is None else self.b.bitcast(self.pair16(scale, scale)[p],
+                                                           self._i16s)
             out.append(self.b.add(acc[p], self.b.call(self._maddwd, [s, by])))
         return out
+
+    def pair16(self, low: list, high: list) -> list:
+        """Per row the int16 pair (low, high) in an int32 (values within int16)."""
+        mask, shift = (ir.Constant(self.sums_t, [v] * self.sums_t.count) for v in (0xFFFF, 16))
+        return [self.b.or_(self.b.and_(lo, mask), self.b.shl(hi, shift))
+                for lo, hi in zip(low, high)]
 
     def pair_dot(self, acc: list, pairs: list, x_pair: ir.Value) -> list:
         """acc + per row a * u + b * v: `pairs` holds per row two int16 (a low, b high) in
@@ -248,6 +252,11 @@ class _Emitter:
 
 def _const(value: int) -> ir.Constant:
     return ir.Constant(ir.IntType(64), value)
+
+
+def _scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
+    """The int16 pair (low, high) in an int32 (values within int16)."""
+    return b.or_(b.and_(low, ir.Constant(_I32, 0xFFFF)), b.shl(high, ir.Constant(_I32, 16)))
 
 
 #: tile-blocks ahead of the one being computed whose lines the kernels ask for (prefetch.py)
@@ -343,9 +352,6 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
     def const(n):
         return [ir.Constant(v.type, [n] * v.type.count) for v in header[0]]
 
-    def const32(n):
-        return [ir.Constant(e.sums_t, [n] * e.sums_t.count)] * e.parts
-
     def scale_min(s: int) -> tuple[list, list]:
         """get_scale_min_k4: sub-block s's 6-bit scale and min, per row."""
         if s < 4:
@@ -391,9 +397,7 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
     # The mins' term, sum_s m_s * sum_x(s), by pairs of sub-blocks in 16 bits (m_s < 64,
     # |sum_x(s)| <= 32 * 128): one pair dot per two sub-blocks instead of a 32-bit multiply
     # per sub-block; the same integers.
-    min_pairs = [e.op("or_", scale_min(2 * k)[1], e.op("shl", scale_min(2 * k + 1)[1],
-                                                       const32(16)))
-                 for k in range(4)]
+    min_pairs = [e.pair16(scale_min(2 * k)[1], scale_min(2 * k + 1)[1]) for k in range(4)]
     sum_mins = []
     for r in range(n):
         xs_at = rows[r][2]
@@ -402,9 +406,7 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
             u, v = (b.add(e.scalar(xs, b.add(xs_at, _const(4 * k + 2 * h))),
                           e.scalar(xs, b.add(xs_at, _const(4 * k + 2 * h + 1))))
                     for h in (0, 1))
-            x_pair = b.or_(b.and_(u, ir.Constant(_I32, 0xFFFF)),
-                           b.shl(v, ir.Constant(_I32, 16)))
-            acc = e.pair_dot(acc, min_pairs[k], x_pair)
+            acc = e.pair_dot(acc, min_pairs[k], _scalar_pair16(b, u, v))
         sum_mins.append(acc)
     d_w = e.row_halves(codes, at)
     dmin_w = e.row_halves(codes, b.add(at, _const(32)))
