@@ -22,12 +22,13 @@ numba_only = pytest.mark.skipif(not plugin.numba_available(), reason="numba not 
 
 def _matrices(n_out: int, n_in: int):
     from s2core_numpy.f16 import F16Matrix
+    from s2core_numpy.f32_rows import F32Matrix
     from s2core_numpy.q8_0 import Q8Matrix
     rng = np.random.default_rng(1)
     w = rng.standard_normal((n_out, n_in), dtype=np.float32)
     w16 = (w * 0.05).astype(np.float16)
     w16.flat[:3] = [0.0, -0.0, 6e-8]  # zeros and a float16 subnormal
-    return {"f16": F16Matrix.from_raw(w16),
+    return {"f32": F32Matrix(w), "f16": F16Matrix.from_raw(w16),
             "q8_0": Q8Matrix.from_raw(gguf.quants.quantize(w, QT.Q8_0))}
 
 
@@ -38,8 +39,9 @@ def test_few_row_products_equal_one_row_products_bit_for_bit(n_out, n_in, n_rows
     """Every batch size a step evaluates stays on the few-row kernels (below gemm_rows), which
     give each row exactly its one-row product."""
     x = np.random.default_rng(n_rows).standard_normal((n_rows, n_in), dtype=np.float32)
+    from s2core_numpy.tiled import GEMM_ROWS
     for name, m in _matrices(n_out, n_in).items():
-        assert n_rows < m.gemm_rows, name
+        assert n_rows < getattr(m, "gemm_rows", GEMM_ROWS), name
         out = m(x)
         assert out.shape == (n_rows, n_out)
         rows = np.stack([m(x[r:r + 1])[0] for r in range(n_rows)])
@@ -49,7 +51,25 @@ def test_few_row_products_equal_one_row_products_bit_for_bit(n_out, n_in, n_rows
 
 
 @numba_only
-@pytest.mark.parametrize("weight_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 5, MAX_BATCH_SEQUENCES])
+def test_f32_few_rows_with_a_tail_and_an_odd_output_count(n_rows):
+    """F32 in place (f32_rows.py): inputs past the last whole 16 (100 = 6 x 16 + 4) and an
+    odd number of outputs (computed in pairs) still give each row its one-row product bit
+    for bit, within float32 rounding of float64."""
+    from s2core_numpy.f32_rows import F32Matrix
+    rng = np.random.default_rng(n_rows)
+    w = rng.standard_normal((37, 100), dtype=np.float32)
+    x = rng.standard_normal((n_rows, 100), dtype=np.float32)
+    m = F32Matrix(w)
+    out = m(x)
+    assert out.shape == (n_rows, 37)
+    np.testing.assert_array_equal(out, np.stack([m(x[r:r + 1])[0] for r in range(n_rows)]))
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@numba_only
+@pytest.mark.parametrize("weight_type", ["f32", "f16", "q8_0"])
 def test_batched_decode_is_bit_identical_to_each_sequence_alone(weight_type):
     """With the numba kernels a decode step of several slots and the batched Fast-AR give
     exactly the single-sequence numbers (not only within the kit's tolerance)."""

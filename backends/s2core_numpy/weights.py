@@ -1,5 +1,5 @@
-"""How the NumPy backend holds a matrix: float32 (zero-copy for F32 files), or, with numba,
-in its file type: F16, Q8_0 and the block-quantized types Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1
+"""How the NumPy backend holds a matrix: float32 (zero-copy for F32 files; with numba wrapped
+for few-row products, f32_rows.py), or, with numba, in its file type: F16, Q8_0 and the block-quantized types Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1
 (tiled.py, f16.py, q8_0.py, quants.py).
 
 `linear` and `gather` are the only places that care which; everything else sees float32.
@@ -24,7 +24,7 @@ from .plugin import NUMBA_BLOCK_TYPES, default_arithmetic, numba_available
 #: `numba_kernels=False` backend option does it for one backend)
 USE_NUMBA = True
 
-Weight = Union[np.ndarray, Any]  # float32 ndarray or tiled.TiledMatrix
+Weight = Union[np.ndarray, Any]  # float32 ndarray, f32_rows.F32Matrix or a kept type's matrix
 
 
 def numba_kernels_possible() -> bool:
@@ -66,6 +66,9 @@ class WeightLoader:
             weight = packed
         else:
             weight = self.vector(name)
+            if self.numba_kernels:  # float32 in place, a few rows without BLAS's packing
+                from .f32_rows import F32Matrix
+                weight = F32Matrix(weight)
         if self.arithmetic == "ggml":
             from .act_quant import DOT_TYPE, ActivationRounded
             if qtype in DOT_TYPE:
@@ -87,8 +90,8 @@ class WeightLoader:
         return matrix
 
     def _packed(self, name: str) -> Weight | None:
-        # numba is imported here, on the first such tensor: never at probe time, and not at
-        # all for F32 files (its import takes ~0.3 s and maps LLVM's pages)
+        # numba is imported on the first matrix: never at probe time (its import takes
+        # ~0.3 s and maps LLVM's pages)
         qtype = self.mf.info(name).type
         if qtype == QT.Q8_0:
             from .q8_0 import Q8Matrix
