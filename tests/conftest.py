@@ -16,6 +16,7 @@ from s2core.embedded.writer import tiny_hparams, write_model
 
 DATA = Path(__file__).parent / "data"
 S2CPP_VECTOR = DATA / "s2cpp_vector"
+S2CPP_FIDELITY = DATA / "s2cpp_fidelity"
 
 
 @pytest.fixture(scope="session")
