@@ -2,30 +2,33 @@
 a Fast-AR call), reading K and V where they are held: float32, or float16 as its int16 bits.
 
 Why it is written this way: at 2048 cached positions a real-size layer reads 8.4 MB of f16
-K/V, ~0.26 ms at what two cores read here, yet the kernel written as plain numba loops took
-~1.1 ms (a step at 2048 positions cost 1.36x the step at 256; the target is 1.15x).
-Measured on the kernel alone (benchmarks/attention_kernel.py), the causes were:
+K/V, ~0.25 ms at what two cores read here, yet the kernel written as plain numba loops took
+~1.1-1.2 ms, 4.1x that read (a step at 2048 positions cost 1.35-1.42x the step at 256; the
+target is 1.15x). Measured on the kernel alone (benchmarks/attention_kernel.py), the causes
+were:
 
 * numba compiles for 256-bit vectors on AVX-512 CPUs (LLVM's "prefer-256-bit" tuning): at
   that width the 4 heads x 64 columns of V sums did not fit the registers, and every
   multiply-add loaded and stored its sum on the stack. The products are written here as
   LLVM IR on vectors of the register's width (`_Vectors`; 16 float32 on AVX-512, 8 on
   AVX2), with as many sums as fit half the registers (`SCORE_ROWS`, `COLUMNS`).
-* A row's 4 dot products each ended in a sum across lanes (~40 % of the instructions), and
-  every vector of q was loaded again for each K row: now SCORE_ROWS rows share the loads of
-  q and one tree of shuffles sums all their lanes (`_Vectors.lane_sums`).
+* A row's 4 dot products each ended in its own sum across lanes (~40 % of the
+  instructions), and every vector of q was loaded again for each K row: now SCORE_ROWS rows
+  share the loads of q and one tree of shuffles sums all their lanes
+  (`_Vectors.lane_sums`).
 * The softmax called libm's expf one value at a time and took its maximum in a chain LLVM
-  does not vectorize (~0.2 of ~1.0 ms on one core): `_exp` is a polynomial LLVM vectorizes,
+  does not vectorize (~0.2 of ~2 ms on one core): `_exp` is a polynomial LLVM vectorizes,
   `_vector_max` a vector maximum.
-* V was read in two passes of 64 columns over all its rows: two half-row streams, which the
-  hardware prefetcher follows badly. Now each pass runs over a few rows (`V_ROWS_BYTES`)
-  before the next, so V streams once, whole rows, asked for ahead (`AHEAD_BYTES`). K rows
-  are read whole, in order, and the hardware prefetcher alone keeps up with them (software
-  prefetch of K measured no faster).
+* V was read in passes of 64 columns over all its rows, streams of half rows. Now each pass
+  runs over a few rows (`V_ROWS_BYTES`) before the next, so V streams once, whole rows,
+  asked for ahead (`AHEAD_BYTES`; 5-10 % of the kernel). K rows are read whole, in order:
+  the hardware prefetcher alone keeps up with them (asking for them too measured slower).
 
-On this machine (2 cores, AVX-512) a layer at 2048 positions went from 1.00 to 0.42 ms and
-at 256 from 0.11 to 0.04 ms (f16 cache, 36 layers' caches in memory, two threads; the
-float32 cache 1.44 to 0.78 ms).
+At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes ~1.8x
+the plain read of its bytes (0.45-0.55 ms a layer; the float32 cache 1.4x). From L2 a K
+row's scores take ~9.6 ns and a V row's sums ~8 ns on one core, about what their 64
+multiply-adds and 16 float16 conversions take at two vector instructions a cycle; the
+reads overlap that work only in part.
 
 Numbers: float32 throughout. A dot product is summed in vector lanes (multiply-adds fused
 where the CPU has them), then across the lanes in a fixed tree; results agree with ops.py to
@@ -34,7 +37,7 @@ shared prefix, the cache, the call's own rows): each lane of a V sum continues f
 block into the next, a row's score is computed alike wherever its block starts, and the
 softmax runs over the scores of all the blocks in one array. So positions give the same
 numbers, bit for bit, whichever blocks hold them: `Server` (a voice's rows shared) and
-`speak()` (copied into the cache) agree bit for bit.
+`speak()` (copied into the cache) agree bit for bit (tests/test_attention_kernel.py).
 """
 
 from __future__ import annotations
