@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .f16 import _as_float32
+from .f16 import as_float32
 
 _F32 = np.float32
 
@@ -50,7 +50,7 @@ def q8_0_quantize(blocks, codes, d, sums):
     (unrounded: Q8_1's s needs it), and the codes' sums per 16 (n, 2) int32."""
     bits = blocks.view(np.int32)
     for b in range(blocks.shape[0]):
-        amax = _as_float32(_abs_max_bits(bits, b))
+        amax = as_float32(_abs_max_bits(bits, b))
         d[b] = amax / _F32(127)
         inverse = _F32(127) / amax if amax != 0 else _F32(0)
         _codes_and_sums(blocks, b, inverse, codes, sums)

@@ -10,7 +10,7 @@ its file type: a call decodes only the rows it gathers.
 
 KV cache: held in its type, float16 (kv_cache_dtype="f16", the default: the numbers s2.cpp's
 F16 cache holds, in half float32's bytes) or float32. With numba, attention reads float16 rows
-where they are held, widening them in registers (row_kernels.py); without it, a call widens its
+where they are held, widening them in registers (attention.py); without it, a call widens its
 layer's history into one float32 block. A call's own K/V are used unrounded in that call (as
 s2.cpp: they are computed in float32 in the same graph) and rounded once the call's attention
 has read them (layers.visible_keys).
@@ -21,7 +21,7 @@ frame's first call (fast_start) runs position 0 and the first code together, two
 weight read.
 
 With numba, the small operations between the products (attention of one row, RMSNorm, RoPE)
-are numba kernels too (row_kernels.py); ops.py holds the NumPy forms.
+are numba kernels too (row_kernels.py, attention.py); ops.py holds the NumPy forms.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ one exact multiplication. Infinities and NaNs do not survive this (they come out
 a tensor holding any is not packed: it is widened to float32 like other types (`from_raw`
 returns None).
 
-The bits become a float32 by an LLVM bitcast (`_as_float32`, free: the value stays in its
+The bits become a float32 by an LLVM bitcast (`as_float32`, free: the value stays in its
 register). Writing them into an integer buffer and reading it back as float32 (numba has no
 scalar bit cast), as the kernels did before, cost a store and a load per weight: a 9728 x 2560
 matrix-vector product streamed at ~28 GB/s that way and streams at memory speed (~35 GB/s
@@ -48,7 +48,7 @@ def _bits(h):
 
 
 @intrinsic
-def _as_float32(typingctx, bits):
+def as_float32(typingctx, bits):
     """The float32 whose bits are the low 32 bits of the integer `bits`."""
     if not isinstance(bits, types.Integer):
         return None
@@ -68,7 +68,7 @@ def _widen(h):
     extension, one shift and one mask give _bits(h) in three vector instructions; the bitcast
     is free; the multiply by 2^112 is exact."""
     bits = (np.int32(np.int16(h)) << np.int32(13)) & _SIGN_AND_MAGNITUDE
-    return _as_float32(bits) * _UNSCALE
+    return as_float32(bits) * _UNSCALE
 
 
 #: float32 exponent bits all ones: what an infinite or NaN float16 widens to
@@ -83,8 +83,8 @@ def widen_any(h):
     select add two vector instructions to _widen's three."""
     bits = (np.int32(np.int16(h)) << np.int32(13)) & _SIGN_AND_MAGNITUDE
     if (np.int32(h) & np.int32(_EXPONENT)) == np.int32(_EXPONENT):
-        return _as_float32(bits | _FLOAT32_EXPONENT)
-    return _as_float32(bits) * _UNSCALE
+        return as_float32(bits | _FLOAT32_EXPONENT)
+    return as_float32(bits) * _UNSCALE
 
 
 def target_converts_half() -> bool:
@@ -103,7 +103,8 @@ def widen_half(typingctx, h):
     and NaNs included): the hardware conversion where the target has one
     (target_converts_half, decided when the kernel is compiled), widen_any otherwise. The
     conversion is 1 instruction for 16 values against widen_any's 5: attention over an F16
-    cache (row_kernels.py), which multiplies each value only 4 times, feels the difference."""
+    cache (attention.py's numba loops for the columns past its vectors), which multiplies each
+    value only 4 times, feels the difference."""
     if not (isinstance(h, types.Integer) and h.bitwidth == 16):
         return None
 

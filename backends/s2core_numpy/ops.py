@@ -81,7 +81,7 @@ class Keys:
     a shared prefix's rows (or None), the sequence's cache's rows [0, n_cached) and the
     call's own new rows (float32, unrounded; None when a float32 cache holds them already).
     Cached rows are float32 or float16 (an f16 cache): readers widen them. The cache is
-    given whole, not sliced: the kernels (row_kernels.py) vectorize over rows they know to be
+    given whole, not sliced: the kernels (attention.py) vectorize over rows they know to be
     contiguous, which a slice's type does not say."""
 
     prefix: KV | None
