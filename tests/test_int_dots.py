@@ -185,7 +185,8 @@ def test_a_non_finite_scale_is_widened_and_said_under_ggml(tmp_path):
     with pytest.warns(NonFiniteScalesWarning, match="layers.0.attention.wo.weight"):
         m = s2core.load(path, backend="numpy", arithmetic="ggml")
     wo = m.backend.layers[0].wo
-    assert isinstance(wo, ActivationRounded) and isinstance(wo.weight, np.ndarray)
+    from s2core_numpy.f32_rows import F32Matrix
+    assert isinstance(wo, ActivationRounded) and isinstance(wo.weight, F32Matrix)
     assert isinstance(m.backend.layers[0].wqkv, int_dots.IntDotMatrix)
     m.close()
 
