@@ -172,7 +172,14 @@ class Matmul:
         if w.dtype not in HALF:
             return F.linear(x.float(), w)
         if x.shape[0] <= CPU_HALF_MAX_ROWS:
-            return F.linear(x.to(w.dtype), w)
+            # one GEMV a row: torch's half kernels for 2+ rows sum in another order on some
+            # CPUs (an AVX512-FP16 Xeon: a 9728 x 2560 row 2 f16 ulps off its one-row product),
+            # so a batched sequence would get other numbers than alone and greedy codes that
+            # flip. It is what torch ran for a few rows on a Zen 4 anyway (see above).
+            rows = x.to(w.dtype)
+            if rows.shape[0] == 1:
+                return F.linear(rows, w)
+            return torch.cat([F.linear(row, w) for row in rows.split(1)])
         return F.linear(x.float(), self.widen(w))
 
 
