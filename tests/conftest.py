@@ -47,9 +47,12 @@ def assets(tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------------- Ray Serve (test_cluster_ray)
-# One local Ray instance for the whole session (`ray.init(num_cpus=2)`: starting and stopping
-# one costs seconds), and one Serve application on it: two replicas of the embedded default
-# model behind the gateway, on a free loopback port.
+# One local Ray instance (`ray.init(num_cpus=2)`: starting and stopping one costs seconds), and
+# one Serve application on it: two replicas of the embedded default model behind the gateway,
+# on a free loopback port. Module-scoped: only test_cluster_ray uses them, so Ray starts once
+# and stops when that module is done, rather than leaving its threads (some run Python's
+# garbage collector on their own) beside every later test: a full run once ended in a
+# segmentation fault in a native thread collecting garbage, Ray's threads alive.
 RAY_APP = "s2core-test"
 
 
@@ -58,7 +61,7 @@ def _need(module: str) -> Any:
                                "need the ray extra (pip install 's2core[ray]')")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_instance():
     ray = _need("ray")
     _need("ray.serve")
@@ -101,7 +104,7 @@ class Cluster:
         return seen
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(ray_instance, tmp_path_factory):
     from ray import serve
 
