@@ -19,16 +19,19 @@ were:
 * The softmax called libm's expf one value at a time and took its maximum in a chain LLVM
   does not vectorize (~0.2 of ~2 ms on one core): `_exp` is a polynomial LLVM vectorizes,
   `_vector_max` a vector maximum.
-* V was read in passes of 64 columns over all its rows, streams of half rows. Now each pass
-  runs over a few rows (`V_ROWS_BYTES`) before the next, so V streams once, whole rows,
-  asked for ahead (`AHEAD_BYTES`; 5-10 % of the kernel). K rows are read whole, in order:
-  the hardware prefetcher alone keeps up with them (asking for them too measured slower).
+* V was read in passes of 64 columns over all its rows: now each pass runs over a few rows
+  (`V_ROWS_BYTES`) before the next takes them from L1 (5-10 % of the kernel).
+* On this machine a loop that computes as much as these per value read streams memory far
+  slower than a plain read does (a layer's K read alone: 0.15 ms; with 8 multiply-adds per
+  16 values: 0.37 ms; the same asking for each line 2 KB ahead: 0.18 ms). Every K and V
+  line is asked for `AHEAD_BYTES` ahead, one prefetch as each line is read (a burst of all
+  of a row's lines at once measured slower than none): the kernel went from 1.8x to ~1.4x
+  the plain read of its bytes.
 
-At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes ~1.8x
-the plain read of its bytes (0.45-0.55 ms a layer; the float32 cache 1.4x). From L2 a K
-row's scores take ~9.6 ns and a V row's sums ~8 ns on one core, about what their 64
-multiply-adds and 16 float16 conversions take at two vector instructions a cycle; the
-reads overlap that work only in part.
+At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes ~1.4x
+the plain read of its bytes (0.38-0.45 ms a layer). From L2 a K row's scores take ~9.6 ns
+and a V row's sums ~8 ns on one core, about what their 64 multiply-adds and 16 float16
+conversions take at two vector instructions a cycle.
 
 Numbers: float32 throughout. A dot product is summed in vector lanes (multiply-adds fused
 where the CPU has them), then across the lanes in a fixed tree; results agree with ops.py to
@@ -95,7 +98,7 @@ COLUMNS = LANES * (_REGISTERS // (2 * HEADS))
 #: bytes of V rows each pass over COLUMNS columns runs over before the next pass takes them
 #: from L1 (a third of a 48 KB L1)
 V_ROWS_BYTES = 16384
-#: how far ahead of the V row being read its whole row is asked for (~32 f16 rows of 128)
+#: how far ahead of the K or V line being read the kernels ask for one (~32 f16 rows of 128)
 AHEAD_BYTES = 8192
 #: bytes of a cache line: one prefetch each
 _LINE = 64
@@ -251,16 +254,14 @@ class _Vectors:
         registers)."""
         return [cgutils.alloca_once(self.b, self.type) for _ in range(n)]
 
-    def prefetch_lines(self, data, at, lines, per_line: int) -> None:
-        """Ask for `lines` cache lines from element `at` on, per_line elements a line (x86
-        and ARM prefetches never fault: past the end of the array too)."""
+    def prefetch(self, data, at) -> None:
+        """Ask for the cache line holding element `at` (x86 and ARM prefetches never fault:
+        past the end of the array too)."""
         i8p = ir.IntType(8).as_pointer()
         fn = self.b.module.declare_intrinsic(
             "llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]))
-        with self.loop(lines) as line:
-            element = self.b.add(at, self.b.mul(line.index, self.const(per_line)))
-            ptr = self.b.bitcast(self.b.gep(data, [element]), i8p)
-            self.b.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])  # read, keep in L1, data
+        ptr = self.b.bitcast(self.b.gep(data, [at]), i8p)
+        self.b.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])  # read, keep in L1, data
 
 
 @intrinsic
@@ -272,7 +273,8 @@ def _vector_scores(typingctx, q, q_at, k, k_at, rows, d, w, w_at, scale):
     SCORE_ROWS rows at a time share each load of the queries, and their HEADS x SCORE_ROWS
     dot products are summed across lanes in one tree. The rows past the last group go one
     at a time, each product and lane added in the same order: a row's score does not
-    depend on where its block starts."""
+    depend on where its block starts. Each line read asks for the line AHEAD_BYTES
+    further on."""
     sig = types.void(q, q_at, k, k_at, rows, d, w, w_at, scale)
 
     def codegen(context, builder, signature, args):
@@ -283,6 +285,8 @@ def _vector_scores(typingctx, q, q_at, k, k_at, rows, d, w, w_at, scale):
         k_at, rows, d = (e.int64(args[i], signature.args[i]) for i in (3, 4, 5))
         vectors = builder.sdiv(d, e.const(LANES))
         scale = e.splat(args[8])
+        per_line = _LINE // _itemsize(k_type)
+        ahead = e.const(AHEAD_BYTES // _itemsize(k_type))
 
         def score(first, n: int) -> None:
             """Rows first .. first + n - 1."""
@@ -294,7 +298,11 @@ def _vector_scores(typingctx, q, q_at, k, k_at, rows, d, w, w_at, scale):
             with e.loop(vectors) as vector:
                 i = builder.mul(vector.index, e.const(LANES))
                 queries = [e.load(qd, q_type, builder.add(at, i)) for at in q_at]
+                new_line = builder.icmp_signed("==", builder.srem(i, e.const(per_line)),
+                                               e.const(0))
                 for r, start in enumerate(starts):
+                    with builder.if_then(new_line):  # one line at a time, as they are read
+                        e.prefetch(kd, builder.add(builder.add(start, i), ahead))
                     key = e.load(kd, k_type, builder.add(start, i))
                     for g, query in enumerate(queries):
                         s = sums[g * n + r]
@@ -324,8 +332,8 @@ def _vector_weighted_rows(typingctx, sums, w, w_at, v, v_at, rows, d):
     first row).
 
     COLUMNS columns a pass, their HEADS x COLUMNS sums in registers, over V_ROWS_BYTES of
-    rows at a time: the later passes over those rows find them in L1, and the first asks for
-    whole rows ahead, so memory sees one stream of whole rows."""
+    rows at a time (the later passes find those rows in L1); each line read asks for the
+    line AHEAD_BYTES further on."""
     sig = types.void(sums, w, w_at, v, v_at, rows, d)
 
     def codegen(context, builder, signature, args):
@@ -334,8 +342,6 @@ def _vector_weighted_rows(typingctx, sums, w, w_at, v, v_at, rows, d):
         sd, wd, vd = (e.data(signature.args[i], args[i]) for i in (0, 1, 3))
         w_at = e.int64s(args[2], signature.args[2])
         v_at, rows, d = (e.int64(args[i], signature.args[i]) for i in (4, 5, 6))
-        per_line = _LINE // _itemsize(v_type)
-        row_lines = builder.sdiv(builder.add(d, e.const(per_line - 1)), e.const(per_line))
         ahead = e.const(AHEAD_BYTES // _itemsize(v_type))
         per_block = builder.sdiv(e.const(V_ROWS_BYTES), builder.mul(d, e.const(
             _itemsize(v_type))))
@@ -350,8 +356,6 @@ def _vector_weighted_rows(typingctx, sums, w, w_at, v, v_at, rows, d):
             count = builder.select(builder.icmp_signed("<", left, per_block), left, per_block)
             with e.loop(builder.sdiv(d, e.const(COLUMNS))) as pass_:
                 column = builder.mul(pass_.index, e.const(COLUMNS))
-                lines = builder.select(builder.icmp_signed("==", pass_.index, e.const(0)),
-                                       row_lines, e.const(0))
                 homes = [builder.add(builder.mul(e.const(g), d), builder.add(
                     column, e.const(c * LANES))) for g in range(HEADS) for c in range(n_vectors)]
                 for a, home in zip(acc, homes):
@@ -359,12 +363,13 @@ def _vector_weighted_rows(typingctx, sums, w, w_at, v, v_at, rows, d):
                 with e.loop(count) as r:
                     j = builder.add(first, r.index)
                     start = builder.add(v_at, builder.mul(j, d))
-                    e.prefetch_lines(vd, builder.add(start, ahead), lines, per_line)
                     weights = [e.splat(builder.load(builder.gep(wd, [builder.add(at, j)])))
                                for at in w_at]
                     for c in range(n_vectors):
-                        value = e.load(vd, v_type, builder.add(start, builder.add(
-                            column, e.const(c * LANES))))
+                        at = builder.add(start, builder.add(column, e.const(c * LANES)))
+                        if c * LANES * _itemsize(v_type) % _LINE == 0:
+                            e.prefetch(vd, builder.add(at, ahead))
+                        value = e.load(vd, v_type, at)
                         for g, weight in enumerate(weights):
                             a = acc[g * n_vectors + c]
                             builder.store(e.multiply_add(weight, value, builder.load(a)), a)
