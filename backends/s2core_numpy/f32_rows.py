@@ -149,7 +149,8 @@ class F32Matrix:
     x @ W^T."""
 
     def __init__(self, w: np.ndarray):
-        self.w = w
+        # the kernels read rows in order; a mapped F32 tensor already is (no copy)
+        self.w = np.ascontiguousarray(w)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
