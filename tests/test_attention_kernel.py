@@ -56,10 +56,10 @@ def split(k, v, prefix: int, new: int) -> ops.Keys:
 def test_positions_give_the_same_bits_whichever_blocks_hold_them(dtype, n_head, n_kv, d):
     """A shared prefix of 0 .. 9 or 37 positions, the cache's rows and the call's own last
     row (float32, of the same value) or none: every split of the same 61 positions gives the
-    bits of the one where the cache holds them all (Server and speak() agree bit for bit on a restored voice). The
-    prefix lengths start row groups (SCORE_ROWS) and the row blocks of V's passes at every
-    offset; d = 72 and 200 have columns past the last vector and the last block of
-    columns."""
+    bits of the one where the cache holds them all (so Server and speak() agree bit for bit
+    on a restored voice). The prefix lengths start row groups (SCORE_ROWS) and the row
+    blocks of V's passes at every offset; d = 72 and 200 have columns past the last vector
+    and the last block of columns."""
     k, v = context(n_kv, 61, d, dtype, seed=d)
     q = np.random.default_rng(1).standard_normal((1, n_head, d), dtype=np.float32)
     want = attention.attend_last(q, split(k, v, 0, 0), 0.125)

@@ -28,8 +28,8 @@ were:
   of a row's lines at once measured slower than none): the kernel went from 1.8x to ~1.4x
   the plain read of its bytes.
 
-At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes ~1.4x
-the plain read of its bytes (0.38-0.45 ms a layer). From L2 a K row's scores take ~9.6 ns
+At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes 1.4-1.5x
+the plain read of its bytes (0.38-0.47 ms a layer). From L2 a K row's scores take ~9.6 ns
 and a V row's sums ~8 ns on one core, about what their 64 multiply-adds and 16 float16
 conversions take at two vector instructions a cycle.
 
