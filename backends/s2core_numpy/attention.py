@@ -51,9 +51,9 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
-from .f16 import as_float32, target_converts_half, widen_half
+from .f16 import as_float32, target_converts_half, value_f32
 from .ops import KV, Keys
 
 
@@ -404,19 +404,6 @@ def _vector_max(typingctx, x, at, n):
 
 
 # -------------------------------------------------------------------------- kernel
-def _value(x):
-    """A cached K or V value as float32 (compiled only: see the overload below)."""
-
-
-@overload(_value)
-def _value_of(x):
-    """float32 as it is; float16, passed as its int16 bits (numba has no float16), widened
-    exactly in registers (f16.widen_half)."""
-    if isinstance(x, types.Integer):
-        return lambda x: widen_half(x)
-    return lambda x: x
-
-
 @njit(inline="always")
 def _four(first, group, g0):
     """Rows first + g0 .. first + g0 + 3, the ones past the group repeating its last
@@ -450,7 +437,7 @@ def _tail_dot(q, h, k, hk, j, first):
     same order for a float16 and a float32 block, which LLVM might vectorize unalike)."""
     s = np.float32(0.0)
     for i in range(first, q.shape[1]):
-        s += q[h, i] * _value(k[hk, j, i])
+        s += q[h, i] * value_f32(k[hk, j, i])
     return s
 
 
@@ -507,7 +494,7 @@ def _column(w, g, v, rows, hk, offset, i, s):
     """s + sum_j w[g, offset + j] * v[hk, j, i] over the block's rows, one after another
     (no fastmath: the order of the positions, whichever block holds them)."""
     for j in range(rows):
-        s += w[g, offset + j] * _value(v[hk, j, i])
+        s += w[g, offset + j] * value_f32(v[hk, j, i])
     return s
 
 

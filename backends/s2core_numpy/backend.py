@@ -35,7 +35,6 @@ from s2core.plugin import ModelFile
 from s2core.plugin import EvalBatch
 from s2core.plugin import load_block
 
-from . import ops
 from .fast_ar import FastDecoder, FastState
 from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
@@ -62,7 +61,7 @@ class NumpyBackend(Backend):
         arithmetic = arithmetic_for(arithmetic)
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels, arithmetic)
         self._numba = numba_kernels
-        self.row_ops = self._row_ops(numba_kernels)
+        self.row_ops = self._row_ops(numba_kernels, arithmetic)
         #: the cache's held type: f16 values in float16, read in place by attention
         self.kv_dtype = CACHE_NUMPY_DTYPES[kv_cache_dtype]
         hp = self.hparams
@@ -84,11 +83,15 @@ class NumpyBackend(Backend):
         return self._caps
 
     @staticmethod
-    def _row_ops(numba_kernels: bool) -> RowOps:
-        """The norms, the rotation and the attention: numba's kernels (row_kernels.py) with
-        the numba matrices, NumPy's otherwise."""
+    def _row_ops(numba_kernels: bool, arithmetic: str) -> RowOps:
+        """The norms, the rotation, the attention and the gate: with numba, s2.cpp's own
+        float32 numbers for arithmetic="ggml" (ggml_ops.py), numba's kernels otherwise
+        (row_kernels.py); NumPy's without numba."""
         if not numba_kernels:
             return NUMPY_OPS
+        if arithmetic == "ggml":
+            from .ggml_ops import GGML_OPS
+            return GGML_OPS
         from .row_kernels import KERNEL_OPS
         return KERNEL_OPS
 
@@ -138,7 +141,7 @@ class NumpyBackend(Backend):
 
     def _forward(self, batch: EvalBatch, on_workers: bool) -> tuple[np.ndarray, np.ndarray]:
         s = self.shape
-        cos, sin = ops.rope_tables(batch.positions, s.head_dim, s.rope_base)
+        cos, sin = self.row_ops.rope_tables(batch.positions, s.head_dim, s.rope_base)
         x = self._embed(batch)
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):

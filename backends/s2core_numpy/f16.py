@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from .fewrows import GROUP, few_rows
 from .stack import stack_tile
@@ -114,6 +114,19 @@ def widen_half(typingctx, h):
         return context.compile_internal(builder, lambda x: widen_any(x), signature, args)
 
     return types.float32(h), codegen
+
+
+def value_f32(x):
+    """A float32 value as it is, or a float16 given as its int16 bits (numba has no float16)
+    widened exactly (widen_half): for kernels that read float32 or float16 arrays alike
+    (compiled only: see the overload below)."""
+
+
+@overload(value_f32)
+def _value_f32(x):
+    if isinstance(x, types.Integer):
+        return lambda x: widen_half(x)
+    return lambda x: x
 
 
 # ---------------------------------------------------------------------------------- kernels

@@ -16,7 +16,6 @@ import numpy as np
 
 from s2core.plugin import load_block, load_fast_ar
 
-from . import ops
 from .layers import run_block_segments
 from .ops import NUMPY_OPS, RowOps
 from .weights import WeightLoader, gather, linear
@@ -87,7 +86,7 @@ class FastDecoder:
         s, start, b = self.shape, state.n, state.k.shape[0]
         n = x.shape[0] // b
         positions = np.tile(np.arange(start, start + n), b)
-        cos, sin = ops.rope_tables(positions, s.head_dim, s.rope_base)
+        cos, sin = self.row_ops.rope_tables(positions, s.head_dim, s.rope_base)
         segments = [(r * n, (r + 1) * n, start) for r in range(b)]
         last = len(self.layers) - 1
         for i, blk in enumerate(self.layers):

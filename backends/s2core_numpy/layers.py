@@ -97,7 +97,7 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     on_workers = on_workers and x.shape[0] > 1
     h = x + linear(attn, blk.wo, on_workers)
     f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
-    gate_up = ops.silu(linear(f, blk.w1, on_workers)) * linear(f, blk.w3, on_workers)
+    gate_up = row_ops.swiglu(linear(f, blk.w1, on_workers), linear(f, blk.w3, on_workers))
     return h + linear(gate_up, blk.w2, on_workers)
 
 
@@ -131,7 +131,7 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
     a = attn[0] if len(attn) == 1 else np.concatenate(attn)
     h = x + linear(a, blk.wo)
     f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
-    return h + linear(ops.silu(linear(f, blk.w1)) * linear(f, blk.w3), blk.w2)
+    return h + linear(row_ops.swiglu(linear(f, blk.w1), linear(f, blk.w3)), blk.w2)
 
 
 def embed(embeddings: Weight, model_file: ModelFile, batch: EvalBatch) -> np.ndarray:

@@ -72,6 +72,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
 
 
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The feed-forward's gate: silu(gate) * up."""
+    return silu(gate) * up
+
+
 KV = tuple[np.ndarray, np.ndarray]
 
 
@@ -116,13 +121,16 @@ def cached_attention(q: np.ndarray, keys: Keys, q_start: int, scale: float) -> n
 
 @dataclass(frozen=True)
 class RowOps:
-    """The norms, the rotation and the attention that a block runs: NumPy's (NUMPY_OPS), or
-    numba's where the backend has numba (row_kernels.KERNEL_OPS). Both compute the same
-    float32 numbers up to rounding."""
+    """The norms, the rotation, the attention and the feed-forward's gate that a block runs:
+    NumPy's (NUMPY_OPS), numba's where the backend has numba (row_kernels.KERNEL_OPS), or
+    s2.cpp's own float32 numbers bit for bit for arithmetic="ggml" (ggml_ops.GGML_OPS). All
+    compute the same float32 numbers up to rounding."""
 
     rms_norm: Callable[[np.ndarray, np.ndarray, float], np.ndarray]    # (x, weight, eps)
     rope: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]   # (x, cos, sin)
     attention: Callable[[np.ndarray, Keys, int, float], np.ndarray]  # as cached_attention
+    swiglu: Callable[[np.ndarray, np.ndarray], np.ndarray] = swiglu   # (gate, up)
+    rope_tables: Callable[[np.ndarray, int, float], tuple] = rope_tables  # (positions, d, base)
 
 
 NUMPY_OPS = RowOps(rms_norm, apply_rope, cached_attention)

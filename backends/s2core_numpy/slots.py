@@ -20,7 +20,6 @@ import numpy as np
 
 from s2core.plugin import EvalBatch
 
-from . import ops
 from .layers import embed, run_block_segments
 from .weights import linear
 
@@ -104,7 +103,7 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
     batches = [b for _, b in items]
     segments = segments_of(batches)
     positions = np.concatenate([b.positions for b in batches])
-    cos, sin = ops.rope_tables(positions, s.head_dim, s.rope_base)
+    cos, sin = backend.row_ops.rope_tables(positions, s.head_dim, s.rope_base)
     x = np.concatenate([embed(backend.embeddings, backend.model_file, b) for b in batches])
     last = len(backend.layers) - 1
     for i, blk in enumerate(backend.layers):

@@ -60,6 +60,12 @@ class WeightLoader:
             integer = self._integer(name)
             if integer is not None:
                 return integer
+            if qtype in (QT.F16, QT.F32) and len(self.mf.info(name).shape) == 2:
+                from .ggml_ops import GgmlRows  # ggml's own order of sums (ggml_ops.py)
+                if qtype == QT.F32:
+                    return GgmlRows(self.vector(name))
+                from .act_quant import ActivationRounded
+                return ActivationRounded(GgmlRows(self.mf.raw(name)), "f16")
         packed = self._packed(name) if self.numba_kernels else None
         if packed is not None:
             self.mf.release(name)  # the values were copied into the tiled layout

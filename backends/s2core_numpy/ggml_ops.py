@@ -1,0 +1,643 @@
+"""arithmetic="ggml" between the products: the float32 operations of s2.cpp's ggml as its x86
+AVX2 build computes them, bit for bit (RMSNorm, RoPE, attention, SwiGLU, and F16 products).
+
+Why bit for bit: ggml rounds every activation to float16 before an F16 product and every K
+and V row to float16 in its cache. A float32 value one ulp away from ggml's lands on the
+other float16 now and then (about one time in 8,000), and one such flip moves an output by
+1e-4 to 4e-4 of its largest value. Only the same float32 numbers everywhere give s2.cpp's
+outputs on F16 files (docs/arithmetic.md, "Bit for bit with s2.cpp").
+
+The reference is ggml's x86 build with AVX2 and FMA (s2.cpp's goldens came from one: tests/
+data/s2cpp_fidelity/README.md). What it computes, read from ggml's sources at s2.cpp's pinned
+commit and from the machine code GCC made of them (where the compiler fused a multiply and
+an add, so do we):
+
+- Dot products of float32 and float16 rows (`ggml_vec_dot_f32`, `ggml_vec_dot_f16`): four
+  accumulators of 8 lanes, lane l of accumulator j taking elements 32 b + 8 j + l with a
+  fused multiply-add; then (acc0 + acc2) + (acc1 + acc3), the two halves of that added
+  lane-wise, and the four sums as (s0 + s1) + (s2 + s3). Elements past the last multiple of
+  32: float32 rows add them to that float one at a time, each product rounded first, except
+  the last (n mod 4), which GCC fused into multiply-adds; float16 rows add them in double.
+- RMSNorm: the squares (float32 products) summed in double in order, mean = float(sum / n),
+  scale = 1 / sqrtf(mean + eps) in float32, y = x * scale * w.
+- RoPE (mode 0, adjacent pairs): theta = position, then theta *= powf(base, -2 / d) in float32
+  per pair, cos and sin from libm (cosf, sinf: ggml calls sincosf), and the rotation as GCC
+  compiled ggml's loop: y0 = fma(c, x0, -(x1 * s)), y1 = fma(s, x0, x1 * c).
+- Softmax over a row: the maximum; exp(x - max) by ggml's own polynomial (`ggml_v_expf`) on
+  groups of 8 from the row's start, each group summed as ((v0 + v4) + (v2 + v6)) + ((v1 + v5)
+  + (v3 + v7)) and added to a double; libm's expf for the last (n mod 8); then each value
+  times float(1 / sum).
+- Attention: scores = dot(K row, q) times float(1 / sqrtf(d)), masked, softmax over every
+  position (masked ones give 0), then each output column as the dot of the weights with V's
+  column over all positions (ggml's float32 dot above, positions as its elements).
+- SwiGLU: silu(g) * u with silu(g) = g / (1 + ggml_v_expf(0 - g)) on groups of 8, libm's
+  expf for the last (n mod 8).
+
+libm: ggml calls the C library's expf, cosf, sinf and powf; so do these kernels (declared
+as external C functions, resolved in the process). Other C libraries may round a few values
+otherwise, as s2.cpp built against them would.
+
+These are plain numba loops, not tuned as attention.py's kernel is: arithmetic="ggml" buys
+s2.cpp's numbers with them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from .f16 import as_float32, value_f32, widen_half
+from .ops import Keys, RowOps
+from .stack import stack_array
+
+_F32 = np.float32
+
+
+# ------------------------------------------------------------------------------ primitives
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c rounded once (float32), as x86's vfmadd."""
+    if not all(isinstance(t, types.Float) and t.bitwidth == 32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
+def float_bits(typingctx, x):
+    """The bits of a float32 as an int32."""
+    if not (isinstance(x, types.Float) and x.bitwidth == 32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(x), codegen
+
+
+def _libm_codegen(name: str):
+    """Code that calls the C library's float32 function `name` on the call's arguments."""
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(builder.module, ir.FunctionType(f, [f] * len(args)), name)
+        return builder.call(fn, args)
+
+    return codegen
+
+
+def _is_f32(*values) -> bool:
+    return all(isinstance(t, types.Float) and t.bitwidth == 32 for t in values)
+
+
+@intrinsic
+def libm_expf(typingctx, x):
+    return (types.float32(x), _libm_codegen("expf")) if _is_f32(x) else None
+
+
+@intrinsic
+def libm_cosf(typingctx, x):
+    return (types.float32(x), _libm_codegen("cosf")) if _is_f32(x) else None
+
+
+@intrinsic
+def libm_sinf(typingctx, x):
+    return (types.float32(x), _libm_codegen("sinf")) if _is_f32(x) else None
+
+
+@intrinsic
+def libm_powf(typingctx, x, y):
+    return (types.float32(x, y), _libm_codegen("powf")) if _is_f32(x, y) else None
+
+
+# ---------------------------------------------------------------------- 32-lane vectors
+# ggml's dot products keep 32 float32 lanes (four AVX2 registers). numba's LLVM unrolls a loop
+# of a constant 32 before its loop vectorizer sees it and does not run the SLP vectorizer,
+# so such a loop became 32 scalar multiply-adds. These intrinsics write the lanes as one LLVM
+# vector of 32 instead (LLVM splits it into the CPU's registers).
+
+LANES = 32
+
+
+def _lanes_pointer(context, builder, array_type, array, at):
+    """A pointer to the LANES elements of a 1-D array from flat index `at`, as a vector:
+    float32, or float16 for int16 bits."""
+    data = context.make_array(array_type)(context, builder, array).data
+    element = ir.HalfType() if isinstance(array_type.dtype, types.Integer) else ir.FloatType()
+    start = builder.gep(data, [context.cast(builder, at, types.intp, types.intp)])
+    return builder.bitcast(start, ir.PointerType(ir.VectorType(element, LANES)))
+
+
+def _load_lanes(context, builder, array_type, array, at):
+    """LANES values of a float32 or float16-bits array as a float32 vector (exact)."""
+    value = builder.load(_lanes_pointer(context, builder, array_type, array, at), align=2)
+    if isinstance(array_type.dtype, types.Integer):
+        value = builder.fpext(value, ir.VectorType(ir.FloatType(), LANES))
+    return value
+
+
+def _fma_lanes(builder, a, b, c):
+    vector = ir.VectorType(ir.FloatType(), LANES)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
+                                        f"llvm.fma.v{LANES}f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _is_1d(t, *dtypes) -> bool:
+    return isinstance(t, types.Array) and t.ndim == 1 and t.dtype in dtypes
+
+
+@intrinsic
+def fma_lanes(typingctx, acc, acc_at, x, x_at, y, y_at):
+    """acc[acc_at + l] = fma(x[x_at + l], y[y_at + l], acc[acc_at + l]) for l < LANES, or
+    with y a float32 scalar for every l (y_at ignored). acc float32; x float32 or float16
+    bits (int16); 1-D arrays, flat indices."""
+    scalar_y = isinstance(y, types.Float) and y.bitwidth == 32
+    if not (_is_1d(acc, types.float32) and _is_1d(x, types.float32, types.int16)
+            and (scalar_y or _is_1d(y, types.float32))):
+        return None
+    sig = types.void(acc, types.intp, x, types.intp, y, types.intp)
+
+    def codegen(context, builder, signature, args):
+        acc_v, acc_at_v, x_v, x_at_v, y_v, y_at_v = args
+        xs = _load_lanes(context, builder, signature.args[2], x_v, x_at_v)
+        if scalar_y:
+            vector = ir.VectorType(ir.FloatType(), LANES)
+            one = builder.insert_element(ir.Constant(vector, None), y_v, ir.Constant(ir.IntType(32), 0))
+            ys = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+        else:
+            ys = _load_lanes(context, builder, signature.args[4], y_v, y_at_v)
+        where = _lanes_pointer(context, builder, signature.args[0], acc_v, acc_at_v)
+        builder.store(_fma_lanes(builder, xs, ys, builder.load(where, align=4)), where, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def widen_lanes(typingctx, out, out_at, x, x_at):
+    """out[out_at + l] = x[x_at + l] as float32 for l < LANES (x float32 or float16 bits)."""
+    if not (_is_1d(out, types.float32) and _is_1d(x, types.float32, types.int16)):
+        return None
+    sig = types.void(out, types.intp, x, types.intp)
+
+    def codegen(context, builder, signature, args):
+        values = _load_lanes(context, builder, signature.args[2], args[2], args[3])
+        where = _lanes_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store(values, where, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def tree_lanes(typingctx, acc):
+    """The LANES = 32 lanes of acc (ggml's four 8-lane accumulators) summed as ggml sums
+    them: s = (acc0 + acc2) + (acc1 + acc3) lane-wise, t = s[0:4] + s[4:8],
+    (t0 + t1) + (t2 + t3)."""
+    if not _is_1d(acc, types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        zero = context.get_constant(types.intp, 0)
+        lanes = builder.load(_lanes_pointer(context, builder, signature.args[0], args[0], zero),
+                             align=4)
+
+        def part(vector, start, n):
+            return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(i32, n),
+                                                                      list(range(start, start + n))))
+
+        a0, a1, a2, a3 = (part(lanes, 8 * j, 8) for j in range(4))
+        s = builder.fadd(builder.fadd(a0, a2), builder.fadd(a1, a3))
+        t = builder.fadd(part(s, 0, 4), part(s, 4, 4))
+        t0, t1, t2, t3 = (builder.extract_element(t, ir.Constant(i32, j)) for j in range(4))
+        return builder.fadd(builder.fadd(t0, t1), builder.fadd(t2, t3))
+
+    return types.float32(acc), codegen
+
+
+# ggml_v_expf's constants (ggml-cpu/vec.h, the AVX2 form)
+_SHIFT = _F32(float.fromhex("0x1.8p23"))
+_LOG2E = _F32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = _F32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = _F32(float.fromhex("0x1.7f7d1cp-20"))
+_P0 = _F32(float.fromhex("0x1.0e4020p-7"))
+_P1 = _F32(float.fromhex("0x1.573e2ep-5"))
+_P2 = _F32(float.fromhex("0x1.555e66p-3"))
+_P3 = _F32(float.fromhex("0x1.fffdb6p-2"))
+_P4 = _F32(float.fromhex("0x1.ffffecp-1"))
+_ONE_BITS = 0x3F800000
+
+
+@njit(inline="always")
+def v_expf(x):
+    """ggml_v_expf for one lane (its lanes are independent): ggml's exp polynomial, max
+    error ~1.5 ulp, the same bits as ggml. Written without branches (all three results,
+    then a choice) so that LLVM vectorizes loops over it."""
+    z = fma32(x, _LOG2E, _SHIFT)
+    n = z - _SHIFT
+    b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
+    e = np.int64(float_bits(z)) << 23
+    k = as_float32(e + _ONE_BITS)
+    u = b * b
+    j = fma32(fma32(fma32(_P0, b, _P1), u, fma32(_P2, b, _P3)), u, _P4 * b)
+    g = np.int64(0x82000000) if n <= _F32(0) else np.int64(0)
+    s1 = as_float32(g + 0x7F000000)
+    s2 = as_float32(e - g)
+    large = fma32(s2, j, s2) * s1 if abs(n) <= _F32(192) else s1 * s1
+    return large if abs(n) > _F32(126) else fma32(j, k, k)
+
+
+@njit(inline="always")
+def tree32(acc):
+    """The 32 lanes of ggml's four 8-lane accumulators (a float32 array, any stride) summed
+    as ggml sums them (tree_lanes, for any array)."""
+    s = stack_array(1, 8, np.float32)[0]
+    for i in range(8):
+        s[i] = (acc[i] + acc[16 + i]) + (acc[8 + i] + acc[24 + i])
+    t0, t1, t2, t3 = s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]
+    return (t0 + t1) + (t2 + t3)
+
+
+@njit(inline="always")
+def dot_f32(x, x_at, y, y_at, n):
+    """ggml_vec_dot_f32(n, x[x_at:], y[y_at:]) (AVX2 build): 1-D float32 arrays."""
+    acc = stack_array(1, LANES, np.float32)[0]
+    acc[:] = _F32(0)
+    whole = n & ~31
+    for b in range(0, whole, LANES):
+        fma_lanes(acc, 0, x, x_at + b, y, y_at + b)
+    total = tree_lanes(acc)
+    fused = n - (n - whole) % 4  # GCC fused the last (n mod 4) leftovers
+    for i in range(whole, n):
+        if i < fused:
+            total = total + x[x_at + i] * y[y_at + i]
+        else:
+            total = fma32(x[x_at + i], y[y_at + i], total)
+    return total
+
+
+# ------------------------------------------------------------------------------ RMSNorm
+@njit(cache=True)
+def _rms_norm(x, weight, eps, out):
+    n, dim = x.shape
+    for r in range(n):
+        total = 0.0
+        for i in range(dim):
+            total += np.float64(x[r, i] * x[r, i])
+        mean = _F32(total / dim)
+        scale = _F32(1) / np.sqrt(mean + eps)
+        for i in range(dim):
+            out[r, i] = x[r, i] * scale * weight[i]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """ops.rms_norm as ggml_rms_norm then ggml_mul compute it."""
+    dim = x.shape[-1]
+    rows = np.ascontiguousarray(x, dtype=_F32).reshape(-1, dim)
+    out = np.empty_like(rows)
+    _rms_norm(rows, np.ascontiguousarray(weight, dtype=_F32), _F32(eps), out)
+    return out.reshape(x.shape)
+
+
+# ------------------------------------------------------------------------------ RoPE
+@njit(cache=True)
+def _rope_tables(positions, base, head_dim, cos, sin):
+    theta_scale = libm_powf(base, _F32(-2.0) / _F32(head_dim))
+    for r in range(positions.shape[0]):
+        theta = _F32(positions[r])
+        for i in range(head_dim // 2):
+            cos[r, i] = libm_cosf(theta)
+            sin[r, i] = libm_sinf(theta)
+            theta = theta * theta_scale
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """ops.rope_tables as ggml's rope cache computes them (theta advanced in float32)."""
+    n = positions.shape[0]
+    cos = np.empty((n, head_dim // 2), _F32)
+    sin = np.empty((n, head_dim // 2), _F32)
+    _rope_tables(np.ascontiguousarray(positions, np.int64), _F32(base), head_dim, cos, sin)
+    return cos, sin
+
+
+@njit(cache=True)
+def _rope(x, cos, sin, out):
+    n, heads, d = x.shape
+    for r in range(n):
+        for h in range(heads):
+            for i in range(d // 2):
+                x0, x1, c, s = x[r, h, 2 * i], x[r, h, 2 * i + 1], cos[r, i], sin[r, i]
+                out[r, h, 2 * i] = fma32(c, x0, -(x1 * s))
+                out[r, h, 2 * i + 1] = fma32(s, x0, x1 * c)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """ops.apply_rope with the multiply-adds GCC fused in ggml's rotation."""
+    out = np.empty(x.shape, _F32)
+    _rope(np.ascontiguousarray(x, dtype=_F32), cos, sin, out)
+    return out
+
+
+# ------------------------------------------------------------------------------ SwiGLU
+@njit(cache=True)
+def _swiglu(gate, up, out):
+    n, width = gate.shape
+    whole = width & ~7
+    for r in range(n):
+        for i in range(whole):
+            g = gate[r, i]
+            out[r, i] = g / (_F32(1) + v_expf(_F32(0) - g)) * up[r, i]
+        for i in range(whole, width):
+            g = gate[r, i]
+            out[r, i] = g / (_F32(1) + libm_expf(-g)) * up[r, i]
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up as ggml_swiglu_split computes it."""
+    gate = np.ascontiguousarray(gate, dtype=_F32)
+    out = np.empty_like(gate)
+    _swiglu(gate, np.ascontiguousarray(up, dtype=_F32), out)
+    return out
+
+
+# ------------------------------------------------------------------------------ softmax
+@njit(inline="always")
+def softmax_row(w, n):
+    """ggml_soft_max over w[:n] in place (ggml_vec_max_f32, ggml_vec_soft_max_f32, scale)."""
+    top = -np.inf
+    for i in range(n):
+        top = max(top, w[i])
+    top = _F32(top)
+    whole = n & ~7
+    for i in range(whole):  # one loop over the row: LLVM vectorizes it
+        w[i] = v_expf(w[i] - top)
+    total = 0.0
+    for i in range(0, whole, 8):
+        a0, a1, a2, a3 = w[i] + w[i + 4], w[i + 1] + w[i + 5], w[i + 2] + w[i + 6], w[i + 3] + w[i + 7]
+        total += np.float64((a0 + a2) + (a1 + a3))
+    for i in range(whole, n):
+        w[i] = libm_expf(w[i] - top)
+        total += np.float64(w[i])
+    inverse = _F32(1.0 / total)
+    for i in range(n):
+        w[i] = w[i] * inverse
+
+
+# ------------------------------------------------------------------------------ attention
+# One work item is a query row and a KV head with the `group` query heads that share it:
+# each K and V row is widened once for them all. The V sums are taken lane by lane (lane l
+# holds the positions l, l + 32, ... in order, as ggml's accumulators do), so a lane's
+# partial sums for the group's heads stay in L1; then the lanes are summed in ggml's tree
+# and the positions past the last multiple of 32 added as its leftovers.
+
+@njit(inline="always")
+def _widen_row(block, kh, t, buffer):
+    d = buffer.shape[0]
+    whole = d & ~31
+    flat = block.reshape(-1)
+    at = (kh * block.shape[1] + t) * d
+    for c in range(0, whole, LANES):
+        widen_lanes(buffer, c, flat, at + c)
+    for c in range(whole, d):
+        buffer[c] = value_f32(flat[at + c])
+
+
+@njit(inline="always")
+def _row_of(t, k0, n0, k1, n1, k2, kh, buffer):
+    """Position t's row of the three blocks (a prefix, the cache, the call's own rows),
+    widened into buffer."""
+    if t < n0:
+        _widen_row(k0, kh, t, buffer)
+    elif t < n0 + n1:
+        _widen_row(k1, kh, t - n0, buffer)
+    else:
+        _widen_row(k2, kh, t - n0 - n1, buffer)
+
+
+@njit(inline="always")
+def _scores(q, i, kh, group, k0, n0, k1, n1, k2, end, row, w):
+    """w[g, t] = ggml_vec_dot_f32 of K row t with q[i, kh * group + g]."""
+    d = row.shape[0]
+    flat_q = q.reshape(-1)
+    for t in range(end):
+        _row_of(t, k0, n0, k1, n1, k2, kh, row)
+        for g in range(group):
+            w[g, t] = dot_f32(row, 0, flat_q, (i * q.shape[1] + kh * group + g) * d, d)
+
+
+@njit(inline="always")
+def _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes, out):
+    """out[g] = ggml_vec_dot_f32 over positions of V's columns with w[g]; lanes (group, 32,
+    d) is scratch: position t's products go to lane t % 32, rows read in order."""
+    group, d = out.shape
+    whole = end & ~31
+    fused = end - (end - whole) % 4
+    flat = lanes.reshape(-1)
+    flat[:] = _F32(0)
+    vectors = d & ~31
+    for t in range(whole):
+        _row_of(t, v0, n0, v1, n1, v2, kh, row)
+        lane = t & 31
+        for g in range(group):
+            p = w[g, t]
+            if p == _F32(0):  # a masked position: adds nothing
+                continue
+            at = (g * 32 + lane) * d
+            for c in range(0, vectors, LANES):
+                fma_lanes(flat, at + c, row, c, p, 0)
+            for c in range(vectors, d):
+                flat[at + c] = fma32(row[c], p, flat[at + c])
+    for g in range(group):
+        for c in range(d):  # ggml's tree over the lanes, for every column at once
+            ln = lanes[g]
+            s0 = (ln[0, c] + ln[16, c]) + (ln[8, c] + ln[24, c])
+            s1 = (ln[1, c] + ln[17, c]) + (ln[9, c] + ln[25, c])
+            s2 = (ln[2, c] + ln[18, c]) + (ln[10, c] + ln[26, c])
+            s3 = (ln[3, c] + ln[19, c]) + (ln[11, c] + ln[27, c])
+            s4 = (ln[4, c] + ln[20, c]) + (ln[12, c] + ln[28, c])
+            s5 = (ln[5, c] + ln[21, c]) + (ln[13, c] + ln[29, c])
+            s6 = (ln[6, c] + ln[22, c]) + (ln[14, c] + ln[30, c])
+            s7 = (ln[7, c] + ln[23, c]) + (ln[15, c] + ln[31, c])
+            out[g, c] = ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
+    for t in range(whole, end):
+        _row_of(t, v0, n0, v1, n1, v2, kh, row)
+        for g in range(group):
+            p = w[g, t]
+            if t < fused:
+                for c in range(d):
+                    out[g, c] = out[g, c] + row[c] * p
+            else:
+                for c in range(d):
+                    out[g, c] = fma32(row[c], p, out[g, c])
+
+
+@njit(parallel=True, cache=True)
+def _attend(q, q_start, n_kv, k0, v0, n0, k1, v1, n1, k2, v2, n2, out):
+    n, n_head, d = q.shape
+    group = n_head // n_kv
+    end = n0 + n1 + n2
+    scale = _F32(1) / np.sqrt(_F32(d))
+    for item in prange(n * n_kv):
+        i, kh = item // n_kv, item % n_kv
+        row = np.empty(d, np.float32)
+        w = np.empty((group, end), np.float32)
+        _scores(q, i, kh, group, k0, n0, k1, n1, k2, end, row, w)
+        last = q_start + i  # the query's position: later ones are masked
+        for g in range(group):
+            for t in range(end):
+                w[g, t] = w[g, t] * scale if t <= last else -np.inf
+            softmax_row(w[g], end)
+        lanes = np.empty((group, 32, d), np.float32)
+        _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes,
+                         out[i, kh * group:(kh + 1) * group])
+
+
+_NO_ROWS = np.zeros((1, 0, 1), np.float32)
+
+
+def _block(block, rows: int | None = None) -> tuple:
+    """(k, v, rows) as _attend takes them: C-contiguous, float16 as its int16 bits."""
+    if block is None:
+        return _NO_ROWS, _NO_ROWS, 0
+    k, v = (np.ascontiguousarray(a) for a in block)
+    k, v = (a.view(np.int16) if a.dtype == np.float16 else a for a in (k, v))
+    return k, v, k.shape[1] if rows is None else rows
+
+
+def attention(q: np.ndarray, keys: Keys, q_start: int, scale: float) -> np.ndarray:
+    """ops.cached_attention as s2.cpp's graph computes it (mul_mat, scale, diag_mask_inf,
+    soft_max, mul_mat). `scale` is ggml's own, float(1 / sqrtf(d)), whatever is passed."""
+    n, n_head, d = q.shape
+    out = np.empty((n, n_head, d), _F32)
+    _attend(np.ascontiguousarray(q, dtype=_F32), q_start, keys.cache[0].shape[0],
+            *_block(keys.prefix), *_block(keys.cache, keys.n_cached), *_block(keys.new), out)
+    return out.reshape(n, n_head * d)
+
+
+# ------------------------------------------------------------------------------ F16 products
+#: output rows a work item of `products` takes: their weights (16 x 5-10 KB at S2 Pro's
+#: width) stay in L2 while every activation row passes them, so the activations are read once
+#: per 16 outputs instead of once per output (a 100-row prefill took 2.6x longer that way)
+OUTPUT_BLOCK = 16
+
+
+def _total(acc, w, o, x, r, whole):
+    """One product's lanes summed, then its elements past `whole` added, as ggml's dot of
+    the weight's type does (compiled only: see the overload below)."""
+
+
+@overload(_total)
+def _total_of(acc, w, o, x, r, whole):
+    if isinstance(w.dtype, types.Integer):  # F16 (int16 bits): ggml_vec_dot_f16
+        def f16_total(acc, w, o, x, r, whole):
+            total = np.float64(tree_lanes(acc))
+            for i in range(whole, w.shape[1]):  # exact products, added in double
+                total += np.float64(widen_half(w[o, i]) * x[r, i])
+            return _F32(total)
+        return f16_total
+
+    def f32_total(acc, w, o, x, r, whole):  # F32: ggml_vec_dot_f32
+        n = w.shape[1]
+        total = tree_lanes(acc)
+        fused = n - (n - whole) % 4  # GCC fused the last (n mod 4) leftovers
+        for i in range(whole, n):
+            if i < fused:
+                total = total + w[o, i] * x[r, i]
+            else:
+                total = fma32(w[o, i], x[r, i], total)
+        return total
+    return f32_total
+
+
+@njit(parallel=True, cache=True)
+def products(w, x, out):
+    """out[r, o] = ggml's dot of row o of w with x[r]: F16 weights (as int16 bits) times
+    activations already rounded to float16 (ggml_vec_dot_f16), or F32 weights times float32
+    activations (ggml_vec_dot_f32). Two outputs times two rows at a time: each loaded vector
+    of w and of x serves two multiply-adds."""
+    n_out, n_in = w.shape
+    n_rows = x.shape[0]
+    whole = n_in & ~31
+    flat_w, flat_x = w.reshape(-1), x.reshape(-1)
+    for block in prange((n_out + OUTPUT_BLOCK - 1) // OUTPUT_BLOCK):
+        a00 = stack_array(1, LANES, np.float32)[0]
+        a01 = stack_array(1, LANES, np.float32)[0]
+        a10 = stack_array(1, LANES, np.float32)[0]
+        a11 = stack_array(1, LANES, np.float32)[0]
+        first = block * OUTPUT_BLOCK
+        last = min(first + OUTPUT_BLOCK, n_out)
+        for r in range(0, n_rows - 1, 2):
+            for o in range(first, last, 2):
+                o1 = min(o + 1, last - 1)  # an odd last output is computed twice
+                a00[:] = _F32(0)
+                a01[:] = _F32(0)
+                a10[:] = _F32(0)
+                a11[:] = _F32(0)
+                for b in range(0, whole, LANES):
+                    w0, w1 = o * n_in + b, o1 * n_in + b
+                    x0, x1 = r * n_in + b, (r + 1) * n_in + b
+                    fma_lanes(a00, 0, flat_w, w0, flat_x, x0)
+                    fma_lanes(a01, 0, flat_w, w0, flat_x, x1)
+                    fma_lanes(a10, 0, flat_w, w1, flat_x, x0)
+                    fma_lanes(a11, 0, flat_w, w1, flat_x, x1)
+                out[r, o] = _total(a00, w, o, x, r, whole)
+                out[r + 1, o] = _total(a01, w, o, x, r + 1, whole)
+                out[r, o1] = _total(a10, w, o1, x, r, whole)
+                out[r + 1, o1] = _total(a11, w, o1, x, r + 1, whole)
+        if n_rows % 2:  # the last row alone
+            r = n_rows - 1
+            for o in range(first, last, 2):
+                o1 = min(o + 1, last - 1)
+                a00[:] = _F32(0)
+                a10[:] = _F32(0)
+                for b in range(0, whole, LANES):
+                    fma_lanes(a00, 0, flat_w, o * n_in + b, flat_x, r * n_in + b)
+                    fma_lanes(a10, 0, flat_w, o1 * n_in + b, flat_x, r * n_in + b)
+                out[r, o] = _total(a00, w, o, x, r, whole)
+                out[r, o1] = _total(a10, w, o1, x, r, whole)
+
+
+class GgmlRows:
+    """An [out, in] F16 or F32 matrix multiplied as ggml multiplies it (`products`), read in
+    place from the file's rows (row-major: each output's dot runs along its row as ggml's
+    does). An F16 matrix takes activations already rounded to float16
+    (act_quant.ActivationRounded wraps it). `m(x)` is x @ W^T for x (n, in)."""
+
+    def __init__(self, values: np.ndarray):
+        """values: the file's F16 values (as float16 or their uint16 bits) or F32 values."""
+        values = np.ascontiguousarray(values)
+        self.w = values if values.dtype == np.float32 else values.view(np.int16)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.w.shape[0]), _F32)
+        products(self.w, np.ascontiguousarray(x, dtype=_F32), out)
+        return out
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        if self.w.dtype == np.float32:
+            return self.w[ids].copy()
+        return self.w[ids].view(np.float16).astype(_F32)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.w.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.w.nbytes
+
+
+#: the block's norms, rotation, attention and gate as s2.cpp's AVX2 build computes them
+GGML_OPS = RowOps(rms_norm, rope, attention, swiglu, rope_tables)

@@ -1,0 +1,142 @@
+"""NumPy's arithmetic="ggml" float32 operations (backends/s2core_numpy/ggml_ops.py) against
+plain transcriptions of ggml's rules, and the properties the backend relies on (a row's
+numbers do not depend on its batch or on which blocks hold its positions).
+
+tests/test_s2cpp_fidelity.py holds them to s2.cpp's own outputs, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+from s2core_numpy import ggml_ops  # noqa: E402
+from s2core_numpy.ops import Keys  # noqa: E402
+
+F32 = np.float32
+
+
+def half_values(rng, *shape) -> np.ndarray:
+    """float32 values that are float16 numbers: their products are exact in float32, so a
+    fused multiply-add and a product then a sum agree, and only the order of sums counts."""
+    return rng.standard_normal(shape).astype(np.float16).astype(F32)
+
+
+def ggml_dot(x: np.ndarray, y: np.ndarray) -> F32:
+    """ggml_vec_dot_f32 of two float32 rows, transcribed: 4 x 8 lanes, its tree, leftovers."""
+    n = x.shape[0]
+    whole = n & ~31
+    lanes = np.zeros(32, F32)
+    for b in range(0, whole, 32):
+        lanes = lanes + x[b:b + 32] * y[b:b + 32]  # exact products of float16 values
+    s = (lanes[0:8] + lanes[16:24]) + (lanes[8:16] + lanes[24:32])
+    t = s[0:4] + s[4:8]
+    total = (t[0] + t[1]) + (t[2] + t[3])
+    for i in range(whole, n):
+        total = F32(total + x[i] * y[i])
+    return total
+
+
+@pytest.mark.parametrize("weights", ["f16", "f32"])
+@pytest.mark.parametrize("n", [32, 40, 45, 77, 128, 131])
+def test_products_sum_in_ggmls_order(n, weights):
+    """Each output is ggml's sum of its row (F16: leftovers in double, as ggml_vec_dot_f16;
+    F32: in float, as ggml_vec_dot_f32), and a row's outputs are the same bits alone or
+    beside others (2 x 2 blocks, odd counts)."""
+    rng = np.random.default_rng(n)
+    w = half_values(rng, 37, n)
+    x = half_values(rng, 5, n)
+    matrix = w.astype(np.float16).view(np.int16) if weights == "f16" else w
+    out = np.empty((5, 37), F32)
+    ggml_ops.products(matrix, x, out)
+    whole = n & ~31
+    for r in range(5):
+        for o in range(37):
+            if weights == "f32":
+                want = ggml_dot(w[o], x[r])
+            else:
+                head = ggml_dot(w[o, :whole], x[r, :whole]) if whole else F32(0)
+                want = F32(float(head) + sum(float(w[o, i]) * float(x[r, i])
+                                             for i in range(whole, n)))
+            assert out[r, o] == want, (r, o)
+    alone = np.empty((1, 37), F32)
+    ggml_ops.products(matrix, x[3:4], alone)
+    assert np.array_equal(alone[0], out[3])
+
+
+def test_rms_norm_sums_squares_in_double():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 257)).astype(F32) * F32(7)
+    w = rng.standard_normal(257).astype(F32)
+    eps = F32(1e-6)
+    for r in range(3):
+        total = 0.0
+        for v in x[r]:
+            total += float(F32(v * v))
+        scale = F32(1) / np.sqrt(F32(total / 257) + eps, dtype=F32)
+        assert np.array_equal(ggml_ops.rms_norm(x[r:r + 1], w, eps)[0], x[r] * scale * w)
+
+
+def test_exp_is_ggmls_polynomial_within_two_ulps_with_its_limits():
+    """ggml_v_expf: within ~1.5 ulp of exp (its stated bound), 0 for -inf (masked scores),
+    overflow to inf, NaN kept."""
+    from numba import njit
+
+    @njit
+    def exps(x, out):
+        for i in range(x.shape[0]):
+            out[i] = ggml_ops.v_expf(x[i])
+
+    x = np.linspace(-87, 88, 200_001).astype(F32)
+    got = np.empty_like(x)
+    exps(x, got)
+    want = np.exp(x.astype(np.float64))
+    ulp = np.spacing(want.astype(F32)).astype(np.float64)
+    assert np.abs(got - want).max() <= 2 * ulp.max()
+    assert (np.abs(got - want) / ulp).max() <= 2.0
+    special = np.array([-np.inf, 0.0, -200.0, 100.0, np.nan], F32)
+    out = np.empty_like(special)
+    exps(special, out)
+    assert out[0] == 0 and out[1] == 1 and out[2] == 0 and out[3] == np.inf and np.isnan(out[4])
+
+
+def keys_split(k, v, prefix: int, cached: int) -> Keys:
+    """The same positions held as a shared prefix, a float16 cache and the call's own row."""
+    n_kv, rows, d = k.shape
+    cache_k = np.zeros((n_kv, 128, d), np.float16)
+    cache_v = np.zeros((n_kv, 128, d), np.float16)
+    cache_k[:, :cached] = k[:, prefix:prefix + cached]
+    cache_v[:, :cached] = v[:, prefix:prefix + cached]
+    pre = None if prefix == 0 else (np.ascontiguousarray(k[:, :prefix]),
+                                    np.ascontiguousarray(v[:, :prefix]))
+    new = (np.ascontiguousarray(k[:, prefix + cached:].astype(F32)),
+           np.ascontiguousarray(v[:, prefix + cached:].astype(F32)))
+    return Keys(pre, (cache_k, cache_v), cached, new)
+
+
+@pytest.mark.parametrize("rows", [7, 32, 45, 77])
+def test_attention_gives_the_same_bits_whichever_blocks_hold_the_positions(rows):
+    """A voice's rows as a shared prefix (Server) or copied into the cache (speak()): the
+    same numbers. rows: under one lane group, exactly one, with leftovers of 13."""
+    rng = np.random.default_rng(rows)
+    k = rng.standard_normal((2, rows, 128)).astype(np.float16)
+    v = rng.standard_normal((2, rows, 128)).astype(np.float16)
+    q = rng.standard_normal((1, 8, 128)).astype(F32)
+    want = ggml_ops.attention(q, keys_split(k, v, 0, rows - 1), rows - 1, 0.0)
+    for prefix in (1, 5, rows // 2):
+        got = ggml_ops.attention(q, keys_split(k, v, prefix, rows - 1 - prefix), rows - 1, 0.0)
+        assert np.array_equal(got, want), prefix
+
+
+def test_attention_rows_of_a_prefill_equal_each_row_alone():
+    """Row i of a several-row call sees positions up to its own: it equals that row computed
+    alone over the same positions (the later ones masked), as ggml's masked softmax gives."""
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((1, 40, 32)).astype(F32)
+    v = rng.standard_normal((1, 40, 32)).astype(F32)
+    q = rng.standard_normal((40, 4, 32)).astype(F32)
+    empty = np.zeros((1, 64, 32), np.float16)
+    every = ggml_ops.attention(q, Keys(None, (empty, empty), 0, (k, v)), 0, 0.0)
+    for i in (0, 31, 39):
+        one = ggml_ops.attention(q[i:i + 1], Keys(None, (empty, empty), 0, (k, v)), i, 0.0)
+        assert np.array_equal(one[0], every[i]), i
