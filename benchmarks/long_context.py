@@ -86,7 +86,8 @@ def held_bytes(model, capacity: int) -> int:
 
 def measure(path: Path, cache: str, args, rng) -> dict:
     t0 = time.perf_counter()
-    model = s2core.load(str(path), backend="numpy", kv_cache_dtype=cache)
+    model = s2core.load(str(path), backend="numpy", kv_cache_dtype=cache,
+                        arithmetic=args.arithmetic)
     load_s = time.perf_counter() - t0
     hp, caps = model.hparams, model.capabilities
     capacity = args.long + 1
@@ -110,6 +111,7 @@ def measure(path: Path, cache: str, args, rng) -> dict:
     per_position = held / capacity
     return {
         "kv_cache_dtype": cache, "held_dtype": caps.kv_cache_held_dtype, "load_s": load_s,
+        "arithmetic": caps.arithmetic,
         "others_cpu_share": round(min(1.0, max(0.0, others)), 3),
         "load_average_after": os.getloadavg(),
         "cache_bytes_per_position_measured": per_position,
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", type=int, default=2048)
     p.add_argument("--steps", type=int, default=9)
     p.add_argument("--caches", default="f16,f32")
+    p.add_argument("--arithmetic", default=None, choices=(None, "ggml", "f32"),
+                   help="load()'s default when not given (\"ggml\": s2.cpp's attention order, "
+                        "ggml_ops.py; \"f32\": NumPy's own attention kernel, attention.py)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     hp = s2pro_hparams(n_layer=args.layers)

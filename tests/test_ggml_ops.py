@@ -140,3 +140,20 @@ def test_attention_rows_of_a_prefill_equal_each_row_alone():
     for i in (0, 31, 39):
         one = ggml_ops.attention(q[i:i + 1], Keys(None, (empty, empty), 0, (k, v)), i, 0.0)
         assert np.array_equal(one[0], every[i]), i
+
+
+@pytest.mark.parametrize("model, arithmetic, exact", [
+    ("tiny_f16.gguf", "ggml", True), ("tiny_q8_0.gguf", "ggml", False),
+    ("tiny_f16.gguf", "f32", False)])
+def test_ggml_order_between_the_products_only_where_the_products_have_it(model, arithmetic,
+                                                                         exact):
+    """F16 and F32 files with "ggml": every operation in s2.cpp's order (their products are
+    too). Quantized files: NumPy's faster kernels between integer products that add blocks
+    in their own order anyway. "f32": NumPy's kernels."""
+    import s2core
+    from conftest import S2CPP_FIDELITY
+    m = s2core.load(S2CPP_FIDELITY / model, backend="numpy", arithmetic=arithmetic)
+    try:
+        assert (m.backend.row_ops is ggml_ops.GGML_OPS) == exact
+    finally:
+        m.close()

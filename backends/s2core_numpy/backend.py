@@ -39,7 +39,8 @@ from .fast_ar import FastDecoder, FastState
 from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, CACHE_NUMPY_DTYPES, numpy_capabilities
-from .weights import WeightLoader, arithmetic_for, linear, numba_kernels_possible
+from .weights import (WeightLoader, arithmetic_for, ggml_order_products, linear,
+                      numba_kernels_possible)
 
 
 class NumpyBackend(Backend):
@@ -61,7 +62,7 @@ class NumpyBackend(Backend):
         arithmetic = arithmetic_for(arithmetic)
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels, arithmetic)
         self._numba = numba_kernels
-        self.row_ops = self._row_ops(numba_kernels, arithmetic)
+        self.row_ops = self._row_ops(numba_kernels, arithmetic, model_file)
         #: the cache's held type: f16 values in float16, read in place by attention
         self.kv_dtype = CACHE_NUMPY_DTYPES[kv_cache_dtype]
         hp = self.hparams
@@ -83,13 +84,17 @@ class NumpyBackend(Backend):
         return self._caps
 
     @staticmethod
-    def _row_ops(numba_kernels: bool, arithmetic: str) -> RowOps:
-        """The norms, the rotation, the attention and the gate: with numba, s2.cpp's own
-        float32 numbers for arithmetic="ggml" (ggml_ops.py), numba's kernels otherwise
-        (row_kernels.py); NumPy's without numba."""
+    def _row_ops(numba_kernels: bool, arithmetic: str, model_file: ModelFile) -> RowOps:
+        """The norms, the rotation, the attention and the gate. With numba: s2.cpp's own
+        float32 order (ggml_ops.py) for arithmetic="ggml" on a file whose every product is
+        computed in ggml's order too (F16 and F32 matrices: then every output is s2.cpp's,
+        bit for bit); numba's kernels otherwise (row_kernels.py: the integer products of
+        quantized files add their blocks in their own order, so the exact order between them
+        would buy ~1e-7 and cost attention.py's speed at long contexts). NumPy's without
+        numba."""
         if not numba_kernels:
             return NUMPY_OPS
-        if arithmetic == "ggml":
+        if arithmetic == "ggml" and ggml_order_products(model_file):
             from .ggml_ops import GGML_OPS
             return GGML_OPS
         from .row_kernels import KERNEL_OPS

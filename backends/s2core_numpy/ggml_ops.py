@@ -1,11 +1,11 @@
-"""arithmetic="ggml" between the products: the float32 operations of s2.cpp's ggml as its x86
-AVX2 build computes them, bit for bit (RMSNorm, RoPE, attention, SwiGLU, and F16 products).
+"""arithmetic="ggml" in float32: the operations of s2.cpp's ggml as its x86 AVX2 build computes
+them, bit for bit (RMSNorm, RoPE, attention, SwiGLU, and F16 and F32 products).
 
 Why bit for bit: ggml rounds every activation to float16 before an F16 product and every K
 and V row to float16 in its cache. A float32 value one ulp away from ggml's lands on the
 other float16 now and then (about one time in 8,000), and one such flip moves an output by
 1e-4 to 4e-4 of its largest value. Only the same float32 numbers everywhere give s2.cpp's
-outputs on F16 files (docs/arithmetic.md, "Bit for bit with s2.cpp").
+outputs on F16 files (docs/arithmetic.md, "Bit for bit with s2.cpp's AVX2 build").
 
 The reference is ggml's x86 build with AVX2 and FMA (s2.cpp's goldens came from one: tests/
 data/s2cpp_fidelity/README.md). What it computes, read from ggml's sources at s2.cpp's pinned
@@ -37,8 +37,13 @@ libm: ggml calls the C library's expf, cosf, sinf and powf; so do these kernels 
 as external C functions, resolved in the process). Other C libraries may round a few values
 otherwise, as s2.cpp built against them would.
 
-These are plain numba loops, not tuned as attention.py's kernel is: arithmetic="ggml" buys
-s2.cpp's numbers with them.
+The backend takes these on files whose every product is computed in ggml's order (F16 and
+F32 matrices: `GgmlRows`); NumpyBackend._row_ops says why not on quantized ones.
+
+The 32 lanes are written as one LLVM vector (`fma_lanes`, `tree_lanes`); the rest are plain
+numba loops, not tuned as attention.py's kernel is. At long contexts the attention costs
+more than that kernel (2048 positions: ~1.3 ms a layer against ~0.5): arithmetic="ggml" buys
+s2.cpp's numbers with it.
 """
 
 from __future__ import annotations

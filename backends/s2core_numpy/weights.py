@@ -38,6 +38,13 @@ def arithmetic_for(arithmetic: str | None) -> str:
     return default_arithmetic() if arithmetic is None else arithmetic
 
 
+def ggml_order_products(mf: ModelFile) -> bool:
+    """Whether arithmetic="ggml" multiplies every matrix of the file in ggml's own order of
+    float32 sums (ggml_ops.GgmlRows): F16 and F32 matrices. Quantized ones take the integer
+    kernels, whose blocks are added in their own order (int_dots.py)."""
+    return all(t.type in (QT.F16, QT.F32) for t in mf.model_tensors() if len(t.shape) == 2)
+
+
 class WeightLoader:
     """Loads one tensor at a time, so at most one tensor's copy is in flight."""
 
