@@ -41,15 +41,16 @@ F32_SUMS = ["f16-avx2", "f16-avx512"]
 REPRODUCED = "f16-avx2"
 #: s2.cpp's q8_0 outputs, bit-identical from all three builds
 Q8_0 = "q8_0"
-#: AVX2 goldens on a model with S2 Pro's head_dim (128) and a 77-token prompt, written by
+#: AVX2 goldens on a model with S2 Pro's head_dim (128), two KV heads (a prefill's attention is
+#: split by KV head where a one-head model's is not) and a 77-token prompt, written by
 #: head128_hparams() at HEAD128_SEED (README: its SHA-256 is in the scenario)
 HEAD128 = "s6_head128"
 HEAD128_SEED = 3
 
 
 def head128_hparams():
-    hp = tiny_hparams(dim=256, ffn=512, n_head=2, n_head_kv=1, head_dim=128)
-    return replace(hp, fast=replace(hp.fast, dim=256, ffn=512, n_head=2, n_head_kv=1,
+    hp = tiny_hparams(dim=256, ffn=512, n_head=4, n_head_kv=2, head_dim=128)
+    return replace(hp, fast=replace(hp.fast, dim=256, ffn=512, n_head=4, n_head_kv=2,
                                     head_dim=128))
 
 

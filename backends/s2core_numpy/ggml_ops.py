@@ -645,4 +645,4 @@ class GgmlRows:
 
 
 #: the block's norms, rotation, attention and gate as s2.cpp's AVX2 build computes them
-GGML_OPS = RowOps(rms_norm, rope, attention, swiglu, rope_tables)
+GGML_OPS = RowOps(rms_norm, rope, attention, swiglu, rope_tables, parallel_attention=True)

@@ -57,10 +57,11 @@ def keep_rows(k_cache: np.ndarray, v_cache: np.ndarray, lo: int, keys: ops.Keys)
 
 def attention(q: np.ndarray, keys: ops.Keys, q_start: int, scale: float, on_workers: bool,
               row_ops: RowOps) -> np.ndarray:
-    """row_ops.attention over keys; on_workers: one KV head (and its query heads) per item."""
+    """row_ops.attention over keys; on_workers: one KV head (and its query heads) per item,
+    unless row_ops spreads the attention over the cores itself."""
     n, n_head, d = q.shape
     n_kv = keys.cache[0].shape[0]
-    if not on_workers or n == 1 or n_kv == 1:
+    if not on_workers or n == 1 or n_kv == 1 or row_ops.parallel_attention:
         return row_ops.attention(q, keys, q_start, scale)
     from .workers import share
     k, v = keys.joined()

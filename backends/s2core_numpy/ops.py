@@ -131,6 +131,9 @@ class RowOps:
     attention: Callable[[np.ndarray, Keys, int, float], np.ndarray]  # as cached_attention
     swiglu: Callable[[np.ndarray, np.ndarray], np.ndarray] = swiglu   # (gate, up)
     rope_tables: Callable[[np.ndarray, int, float], tuple] = rope_tables  # (positions, d, base)
+    #: the attention spreads a call's rows and heads over the cores itself: a caller does not
+    #: split it per KV head onto the workers (whose split computes NumPy's numbers)
+    parallel_attention: bool = False
 
 
 NUMPY_OPS = RowOps(rms_norm, apply_rope, cached_attention)

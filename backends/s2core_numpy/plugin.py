@@ -87,18 +87,21 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
     "f32"."""
     if numba_kernels is None:
         numba_kernels = numba_available()
+    arithmetic = arithmetic or default_arithmetic()
+    # "ggml" multiplies F16 matrices in ggml's order from the file's own rows (ggml_ops.py)
+    mapped = frozenset({"f32", "f16"}) if numba_kernels and arithmetic == "ggml" \
+        else frozenset({"f32"})
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
                         kv_cache_dtype=kv_cache_dtype,
                         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
                         native_weight_types=frozenset({"f32"}) | (NUMBA_TYPES if numba_kernels
                                                                   else frozenset()),
-                        widened_weight_dtype="f32", mapped_weight_types=frozenset({"f32"}),
+                        widened_weight_dtype="f32", mapped_weight_types=mapped,
                         writes_kv_cache=True,
                         native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
                         if numba_kernels else (), codec=numpy_codec_capabilities(),
                         max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
-                        arithmetics=("ggml", "f32"),
-                        arithmetic=arithmetic or default_arithmetic())
+                        arithmetics=("ggml", "f32"), arithmetic=arithmetic)
 
 
 def probe() -> Probe:

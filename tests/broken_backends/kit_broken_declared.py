@@ -41,7 +41,12 @@ class CacheStorageUnderstated(NumpyBackend):
 
 class ClaimsMappedButCopies(NumpyBackend):
     """Declares f16 and q8_0 kept as stored and mapped from the file, but packs or widens
-    them into copies at load: auto-selection prefers it, `info` halves what it holds."""
+    them into copies at load: auto-selection prefers it, `info` halves what it holds. (It
+    computes with arithmetic="f32", where NumPy packs F16 matrices into its tiled layout;
+    with "ggml" NumPy maps them, as it declares then.)"""
+
+    def __init__(self, model_file, **options):
+        super().__init__(model_file, **{**options, "arithmetic": "f32"})
 
     @property
     def capabilities(self):
