@@ -4,6 +4,7 @@
 
     python benchmarks/attention_kernel.py [--positions 256,2048] [--threads 1,2]
                                           [--caches f16,f32] [--layers 36] [--rounds 5]
+                                          [--ops kernels|ggml]
 
 S2 Pro's attention shapes: 32 query heads of 128 over 8 KV heads. For each cache type, the
 K and V of --layers layers in one array each [layer, KV head, capacity, 128] (the backend's
@@ -63,6 +64,16 @@ def _words(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint64)
 
 
+def _ggml_attention():
+    from s2core_numpy import ggml_ops
+    return ggml_ops.attention
+
+
+#: --ops: NumPy's own kernel (as a quantized file's step calls it), or the attention in
+#: s2.cpp's order that arithmetic="ggml" runs on F16 and F32 files (ggml_ops.py)
+ATTENTIONS = {"kernels": lambda: row_kernels.attention, "ggml": _ggml_attention}
+
+
 def measure(cache: str, args) -> dict:
     rng = np.random.default_rng(0)
     dtype = np.float16 if cache == "f16" else np.float32
@@ -76,9 +87,11 @@ def measure(cache: str, args) -> dict:
     scale = 1 / np.sqrt(HEAD_DIM)
     times = {(n, t): {"kernel": [], "read": []} for n in args.positions for t in args.threads}
 
+    attention = ATTENTIONS[args.ops]()
+
     def kernel(n):
         for layer in range(args.layers):
-            row_kernels.attention(q, ops.Keys(None, (k[layer], v[layer]), n), n - 1, scale)
+            attention(q, ops.Keys(None, (k[layer], v[layer]), n), n - 1, scale)
 
     def read(n):
         for layer in range(args.layers):
@@ -118,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--caches", default="f16,f32")
     p.add_argument("--layers", type=int, default=36)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--ops", choices=sorted(ATTENTIONS), default="kernels")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
     args.positions = [int(x) for x in args.positions.split(",")]
@@ -134,14 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine.describe(), "cpu_model": machine.cpu_model(),
         "cpu_flags": machine.cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
-        "kernel_module": row_kernels.attend_last.__module__,
+        "kernel_module": row_kernels.attend_last.__module__, "ops": args.ops,
         "layers": args.layers, "rounds": args.rounds, "shape": {
             "n_head": N_HEAD, "n_kv": N_KV, "head_dim": HEAD_DIM},
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "caches": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"attention-kernel-{time.strftime('%Y%m%d-%H%M')}.json"
+    suffix = "" if args.ops == "kernels" else f"-{args.ops}"
+    out = args.out / f"attention-kernel-{time.strftime('%Y%m%d-%H%M')}{suffix}.json"
     out.write_text(json.dumps(report, indent=1))
     print(f"wrote {out}", file=sys.stderr)
     return 0
