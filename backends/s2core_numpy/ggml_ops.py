@@ -177,9 +177,11 @@ def fma_lanes(typingctx, acc, acc_at, x, x_at, y, y_at):
         acc_v, acc_at_v, x_v, x_at_v, y_v, y_at_v = args
         xs = _load_lanes(context, builder, signature.args[2], x_v, x_at_v)
         if scalar_y:
-            vector = ir.VectorType(ir.FloatType(), LANES)
-            one = builder.insert_element(ir.Constant(vector, None), y_v, ir.Constant(ir.IntType(32), 0))
-            ys = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+            i32 = ir.IntType(32)
+            one = builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), LANES), None),
+                                         y_v, ir.Constant(i32, 0))
+            ys = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES),
+                                                              [0] * LANES))
         else:
             ys = _load_lanes(context, builder, signature.args[4], y_v, y_at_v)
         where = _lanes_pointer(context, builder, signature.args[0], acc_v, acc_at_v)
@@ -220,8 +222,8 @@ def tree_lanes(typingctx, acc):
                              align=4)
 
         def part(vector, start, n):
-            return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(i32, n),
-                                                                      list(range(start, start + n))))
+            indices = ir.Constant(ir.VectorType(i32, n), list(range(start, start + n)))
+            return builder.shuffle_vector(vector, vector, indices)
 
         a0, a1, a2, a3 = (part(lanes, 8 * j, 8) for j in range(4))
         s = builder.fadd(builder.fadd(a0, a2), builder.fadd(a1, a3))
@@ -262,17 +264,6 @@ def v_expf(x):
     s2 = as_float32(e - g)
     large = fma32(s2, j, s2) * s1 if abs(n) <= _F32(192) else s1 * s1
     return large if abs(n) > _F32(126) else fma32(j, k, k)
-
-
-@njit(inline="always")
-def tree32(acc):
-    """The 32 lanes of ggml's four 8-lane accumulators (a float32 array, any stride) summed
-    as ggml sums them (tree_lanes, for any array)."""
-    s = stack_array(1, 8, np.float32)[0]
-    for i in range(8):
-        s[i] = (acc[i] + acc[16 + i]) + (acc[8 + i] + acc[24 + i])
-    t0, t1, t2, t3 = s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]
-    return (t0 + t1) + (t2 + t3)
 
 
 @njit(inline="always")
@@ -390,7 +381,8 @@ def softmax_row(w, n):
         w[i] = v_expf(w[i] - top)
     total = 0.0
     for i in range(0, whole, 8):
-        a0, a1, a2, a3 = w[i] + w[i + 4], w[i + 1] + w[i + 5], w[i + 2] + w[i + 6], w[i + 3] + w[i + 7]
+        a0, a1 = w[i] + w[i + 4], w[i + 1] + w[i + 5]
+        a2, a3 = w[i + 2] + w[i + 6], w[i + 3] + w[i + 7]
         total += np.float64((a0 + a2) + (a1 + a3))
     for i in range(whole, n):
         w[i] = libm_expf(w[i] - top)
@@ -465,7 +457,7 @@ def _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes, out):
             for c in range(vectors, d):
                 flat[at + c] = fma32(row[c], p, flat[at + c])
     for g in range(group):
-        for c in range(d):  # ggml's tree over the lanes, for every column at once
+        for c in range(d):  # tree_lanes' sums over the lanes, every column in one loop
             ln = lanes[g]
             s0 = (ln[0, c] + ln[16, c]) + (ln[8, c] + ln[24, c])
             s1 = (ln[1, c] + ln[17, c]) + (ln[9, c] + ln[25, c])
