@@ -236,7 +236,10 @@ class SlowARModel:
 
     def _fast_decode_incremental(self, hidden: Any, codes: np.ndarray) -> Any:
         """Append only the new codes when this call extends the previous one (the calls of
-        one frame); otherwise start over from the hidden state. Same numbers either way."""
+        one frame); otherwise start over from the hidden state. The same numbers either way,
+        up to float32 rounding where a backend's attention sums by the call's length: s2.cpp's
+        softmax, which NumPy's arithmetic="ggml" reproduces, takes a position's exp by
+        ggml's polynomial or libm's by where it falls in the call (docs/arithmetic.md)."""
         session, self._fast = self._fast, None  # stays dropped if the backend raises midway
         if isinstance(hidden, np.ndarray):
             values = hidden
