@@ -558,10 +558,10 @@ def _attend_last(q, n_kv, k0, v0, n0, k1, v1, n1, k2, v2, n2, scale, out):
 _NO_ROWS = np.zeros((0, 0, 0), np.float32)
 
 
-def _kernel_block(block: KV | None, rows: int | None = None) -> tuple:
-    """(k, v, rows) as the kernel takes them: C-contiguous (the kernel's offsets assume it;
-    the backend's blocks are, so nothing is copied), float16 as its int16 bits; rows: all of
-    them unless given."""
+def kernel_block(block: KV | None, rows: int | None = None) -> tuple:
+    """(k, v, rows) as the kernels take them (this one, ggml_ops.py's): C-contiguous (their
+    offsets assume it; the backend's blocks are, so nothing is copied), float16 as its int16
+    bits; rows: all of them unless given."""
     if block is None:
         return _NO_ROWS, _NO_ROWS, 0
     k, v = (np.ascontiguousarray(a) for a in block)
@@ -575,6 +575,6 @@ def attend_last(q: np.ndarray, keys: Keys, scale: float) -> np.ndarray:
     n, n_head, d = q.shape
     out = np.empty((n_head, d), np.float32)
     _attend_last(np.ascontiguousarray(q[0]), keys.cache[0].shape[0],
-                 *_kernel_block(keys.prefix), *_kernel_block(keys.cache, keys.n_cached),
-                 *_kernel_block(keys.new), np.float32(scale), out)
+                 *kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
+                 *kernel_block(keys.new), np.float32(scale), out)
     return out.reshape(1, n_head * d)

@@ -38,11 +38,15 @@ def arithmetic_for(arithmetic: str | None) -> str:
     return default_arithmetic() if arithmetic is None else arithmetic
 
 
+#: the matrix types arithmetic="ggml" multiplies in ggml's own order of float32 sums, from the
+#: file's rows (ggml_ops.GgmlRows); quantized ones take the integer kernels, whose blocks are
+#: added in their own order (int_dots.py)
+GGML_ORDER_TYPES = (QT.F16, QT.F32)
+
+
 def ggml_order_products(mf: ModelFile) -> bool:
-    """Whether arithmetic="ggml" multiplies every matrix of the file in ggml's own order of
-    float32 sums (ggml_ops.GgmlRows): F16 and F32 matrices. Quantized ones take the integer
-    kernels, whose blocks are added in their own order (int_dots.py)."""
-    return all(t.type in (QT.F16, QT.F32) for t in mf.model_tensors() if len(t.shape) == 2)
+    """Whether arithmetic="ggml" multiplies every matrix of the file in ggml's own order."""
+    return all(t.type in GGML_ORDER_TYPES for t in mf.model_tensors() if len(t.shape) == 2)
 
 
 class WeightLoader:
@@ -67,7 +71,7 @@ class WeightLoader:
             integer = self._integer(name)
             if integer is not None:
                 return integer
-            if qtype in (QT.F16, QT.F32) and len(self.mf.info(name).shape) == 2:
+            if qtype in GGML_ORDER_TYPES and len(self.mf.info(name).shape) == 2:
                 from .ggml_ops import GgmlRows  # ggml's own order of sums (ggml_ops.py)
                 if qtype == QT.F32:
                     return GgmlRows(self.vector(name))
