@@ -76,7 +76,7 @@ def _fused() -> bool:
     return _aarch64() or "fma" in _target()[1]
 
 
-def _vector_shape() -> tuple[int, int]:
+def vector_shape() -> tuple[int, int]:
     """(float32 lanes of a vector register, vector registers) of the target: AVX-512 16 and
     32, AVX and AVX2 8 and 16, AArch64 4 and 32, other x86 (SSE) 4 and 16."""
     features = _target()[1]
@@ -88,7 +88,7 @@ def _vector_shape() -> tuple[int, int]:
 
 
 #: float32 lanes of the vectors the IR below computes on
-LANES, _REGISTERS = _vector_shape()
+LANES, _REGISTERS = vector_shape()
 #: query heads that share one pass over their KV head's K and V rows
 HEADS = 4
 #: K rows whose HEADS dot products are computed together: their sums take half the registers
