@@ -368,6 +368,12 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
     # VNNI sums each sub-block's dots in int32, then multiplies by its scale; AVX2 folds
     # the scale into the widening of the int16 sums (Emitter.dot), straight into the total.
     folded = e.kind != "vnni"
+    # VNNI takes the high nibbles in place (byte & 0xF0: 16 x the code, its int32 sums have
+    # room) instead of shifting them down: byte shifts share the port with vpdpbusd. Its
+    # total is then 16 x the true one (the low sub-blocks' scales times 16 too), shifted back
+    # at the end: exact, and within int32 (16 x 8 x 63 x 32 x 15 x 128 < 2^31).
+    high_nibble = e.bytes_splat(0xF0)
+    four = [ir.Constant(e.sums_t, [4] * e.sums_t.count)] * e.parts
     for chunk in range(4):
         if folded:
             low, high = sum_scaled, sum_scaled
@@ -379,7 +385,9 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
             pairs_low, pairs_high = [[] for _ in rows], [[] for _ in rows]
             for gg in (g, g + 1):
                 w = e.load(codes, b.add(at, _const(Q4_K_HEADER + (chunk * 8 + gg) * GROUP_BYTES)))
-                w_low, w_high = e.op("and_", w, low_mask), e.op("lshr", w, e.bytes_splat(4))
+                w_low = e.op("and_", w, low_mask)
+                w_high = (e.op("lshr", w, e.bytes_splat(4)) if folded
+                          else e.op("and_", w, high_nibble))
                 for r in range(n):
                     x_at = rows[r][0]
                     pairs_low[r].append((w_low, e.broadcast(x, b.add(x_at, _const(64 * chunk + 4 * gg)))))
@@ -390,10 +398,12 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
                 high[r] = e.dot(high[r], pairs_high[r], sc_high)
         if folded:
             continue
-        for s, sums in ((2 * chunk, low), (2 * chunk + 1, high)):
-            sc = scale_min(s)[0]
+        sc_low16 = e.op("shl", scale_min(2 * chunk)[0], four)
+        for sc, sums in ((sc_low16, low), (scale_min(2 * chunk + 1)[0], high)):
             for r in range(n):
                 sum_scaled[r] = e.op("add", sum_scaled[r], e.op("mul", sc, sums[r]))
+    if not folded:
+        sum_scaled = [e.op("ashr", t, four) for t in sum_scaled]
     # The mins' term, sum_s m_s * sum_x(s), by pairs of sub-blocks in 16 bits (m_s < 64,
     # |sum_x(s)| <= 32 * 128): one pair dot per two sub-blocks instead of a 32-bit multiply
     # per sub-block; the same integers.
