@@ -55,6 +55,7 @@ from numba.extending import intrinsic
 
 from .f16 import as_float32, target_converts_half, value_f32
 from .ops import KV, Keys
+from .prefetch import emit_prefetch
 
 
 @lru_cache(maxsize=None)
@@ -257,11 +258,7 @@ class _Vectors:
     def prefetch(self, data, at) -> None:
         """Ask for the cache line holding element `at` (x86 and ARM prefetches never fault:
         past the end of the array too)."""
-        i8p = ir.IntType(8).as_pointer()
-        fn = self.b.module.declare_intrinsic(
-            "llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]))
-        ptr = self.b.bitcast(self.b.gep(data, [at]), i8p)
-        self.b.call(fn, [ptr, _I32(0), _I32(3), _I32(1)])  # read, keep in L1, data
+        emit_prefetch(self.b, self.b.gep(data, [at]))
 
 
 @intrinsic

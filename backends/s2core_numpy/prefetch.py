@@ -25,9 +25,22 @@ from numba.extending import intrinsic
 AHEAD = 2
 
 
+def emit_prefetch(builder: ir.IRBuilder, pointer: ir.Value) -> None:
+    """The IR of a prefetch: llvm.prefetch(pointer, read, locality 3 (keep in all levels:
+    L1), data). Every kernel that asks for lines emits it here."""
+    byte_pointer = builder.bitcast(pointer, ir.IntType(8).as_pointer())
+    i32 = ir.IntType(32)
+    signature_ir = ir.FunctionType(ir.VoidType(), [byte_pointer.type, i32, i32, i32])
+    # llvmlite names it for its pointer type ("llvm.prefetch.p0i8" for i8*); LLVM 15 and
+    # later take that name for their opaque-pointer "llvm.prefetch.p0"
+    function = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer.type],
+                                                signature_ir)
+    builder.call(function, [byte_pointer, i32(0), i32(3), i32(1)])
+
+
 @intrinsic
 def _prefetch(typingctx, array, index):
-    """llvm.prefetch(&array[index], read, locality 3 (keep in all levels: L1), data)."""
+    """emit_prefetch(&array[index])."""
     if not isinstance(array, types.Array) or array.ndim != 1:
         return None
 
@@ -36,14 +49,7 @@ def _prefetch(typingctx, array, index):
         view = context.make_array(array_type)(context, builder, args[0])
         pointer = cgutils.get_item_pointer(context, builder, array_type, view, [args[1]],
                                            wraparound=False)
-        byte_pointer = builder.bitcast(pointer, ir.IntType(8).as_pointer())
-        i32 = ir.IntType(32)
-        signature_ir = ir.FunctionType(ir.VoidType(), [byte_pointer.type, i32, i32, i32])
-        # llvmlite names it for its pointer type ("llvm.prefetch.p0i8" for i8*); LLVM 15 and
-        # later take that name for their opaque-pointer "llvm.prefetch.p0"
-        function = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer.type],
-                                                    signature_ir)
-        builder.call(function, [byte_pointer, i32(0), i32(3), i32(1)])
+        emit_prefetch(builder, pointer)
         return context.get_dummy_value()
 
     return types.none(array, types.intp), codegen

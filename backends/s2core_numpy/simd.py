@@ -30,6 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .prefetch import emit_prefetch
 from .stack import stack_array
 
 ROWS = 16  # output rows per group: one VNNI register of int32 sums
@@ -104,11 +105,7 @@ class _Emitter:
         line per group read, overlaps the memory stream with this block's arithmetic; x86
         prefetches never fault, past the end included)."""
         at = self.b.add(offset, ir.Constant(offset.type, self.ahead))
-        ptr = self.b.gep(base, [at])
-        i32 = ir.IntType(32)
-        fn = self.b.module.declare_intrinsic(
-            "llvm.prefetch", [ptr.type], ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]))
-        self.b.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        emit_prefetch(self.b, self.b.gep(base, [at]))
 
     def load(self, base, offset) -> list:
         """The group at byte `offset` (an i64 value) of the uint8 pointer `base`."""
