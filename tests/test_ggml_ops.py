@@ -100,6 +100,31 @@ def test_exp_is_ggmls_polynomial_within_two_ulps_with_its_limits():
     assert out[0] == 0 and out[1] == 1 and out[2] == 0 and out[3] == np.inf and np.isnan(out[4])
 
 
+def test_swiglu_is_ggmls_split_gate_whatever_the_work_items():
+    """silu(g) * u as ggml_swiglu_split: ggml's exp on the row's groups of 8, libm's expf for
+    the last (width mod 8), every element the same bits whichever work item (rows x spans of
+    SWIGLU_SPAN) computed it."""
+    from numba import njit
+
+    @njit
+    def plain(gate, up, out):
+        whole = gate.shape[1] & ~7
+        for r in range(gate.shape[0]):
+            for i in range(gate.shape[1]):
+                g = gate[r, i]
+                e = ggml_ops.v_expf(F32(0) - g) if i < whole else ggml_ops.libm_expf(-g)
+                out[r, i] = g / (F32(1) + e) * up[r, i]
+
+    rng = np.random.default_rng(4)
+    width = 2 * ggml_ops.SWIGLU_SPAN + 13  # three spans, the last one ragged, 5 past the groups
+    gate = (rng.standard_normal((3, width)) * 6).astype(F32)
+    up = rng.standard_normal((3, width)).astype(F32)
+    want = np.empty_like(gate)
+    plain(gate, up, want)
+    assert np.array_equal(ggml_ops.swiglu(gate, up), want)
+    assert np.array_equal(ggml_ops.swiglu(gate[1:2], up[1:2])[0], want[1])
+
+
 def keys_split(k, v, prefix: int, cached: int) -> Keys:
     """The same positions held as a shared prefix, a float16 cache and the call's own row."""
     n_kv, rows, d = k.shape

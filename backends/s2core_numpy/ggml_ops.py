@@ -359,17 +359,24 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ SwiGLU
-@njit(cache=True)
+#: elements of a row one SwiGLU work item takes (a multiple of 8: ggml's groups)
+SWIGLU_SPAN = 2048
+
+
+@njit(parallel=True, cache=True)
 def _swiglu(gate, up, out):
     n, width = gate.shape
     whole = width & ~7
-    for r in range(n):
-        for i in range(whole):
-            g = gate[r, i]
-            out[r, i] = g / (_F32(1) + v_expf(_F32(0) - g)) * up[r, i]
-        for i in range(whole, width):
-            g = gate[r, i]
-            out[r, i] = g / (_F32(1) + libm_expf(-g)) * up[r, i]
+    spans = (width + SWIGLU_SPAN - 1) // SWIGLU_SPAN
+    for item in prange(n * spans):
+        r, first = item // spans, item % spans * SWIGLU_SPAN
+        g_row, u_row, o_row = gate[r], up[r], out[r]
+        for i in range(first, min(first + SWIGLU_SPAN, whole)):
+            g = g_row[i]
+            o_row[i] = g / (_F32(1) + v_expf(_F32(0) - g)) * u_row[i]
+        for i in range(max(first, whole), min(first + SWIGLU_SPAN, width)):
+            g = g_row[i]
+            o_row[i] = g / (_F32(1) + libm_expf(-g)) * u_row[i]
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
