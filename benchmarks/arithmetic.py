@@ -1,6 +1,7 @@
 """arithmetic="ggml" against "f32" on the NumPy backend: decode step and Fast-AR frame, in one
 run, alternated, on the bench's S2 Pro-shaped files (4 layers by default), each against its
-read floor (the bytes it must stream at the read bandwidth sampled before and after the type).
+read floor (the bytes it must stream at the read bandwidth sampled before and after the type),
+and a 100-position prefill (compute-bound: the two arithmetics against each other).
 
     python benchmarks/arithmetic.py [--types q4_k_m,q6_k,q8_0,f16] [--layers 4] [--steps 15]
     python benchmarks/arithmetic.py --avx2 ...   # the AVX2 code, on an AVX-512 machine
@@ -53,8 +54,20 @@ def self_cpu() -> float:
     return t.user + t.system
 
 
-def measure(model, steps: int, hp) -> tuple[list[float], list[float]]:
+#: positions of the timed prefill (a prompt's text and voice codes, compute-bound)
+PREFILL_ROWS = 100
+
+
+def measure(model, steps: int, hp) -> tuple[list[float], list[float], float]:
+    """(step times, frame times, the time of one PREFILL_ROWS-row prefill into an empty
+    cache), seconds."""
     rng = np.random.default_rng(0)
+    prompt = mixed_prompt(hp, PREFILL_ROWS, rng)
+    for _ in range(2):  # the first touches the weights (page faults of a mapped file)
+        model.init_kv_cache(512)
+        t0 = time.perf_counter()
+        model.prefill_fast(prompt)
+        prefill = time.perf_counter() - t0
     model.init_kv_cache(512)
     model.prefill_fast(mixed_prompt(hp, 256, rng))
     step_times, frame_times = [], []
@@ -69,7 +82,7 @@ def measure(model, steps: int, hp) -> tuple[list[float], list[float]]:
         if i >= 3:
             step_times.append(t1 - t0)
             frame_times.append(t2 - t0)
-    return step_times, frame_times
+    return step_times, frame_times, prefill
 
 
 def main() -> None:
@@ -94,12 +107,13 @@ def main() -> None:
         path = acct.path
         bandwidths = [measure_bandwidth(256, 3).read_gbps]
         models = {a: s2core.load(path, backend="numpy", arithmetic=a) for a in ("f32", "ggml")}
-        times = {a: {"step": [], "frame": []} for a in models}
+        times = {a: {"step": [], "frame": [], "prefill": []} for a in models}
         for _ in range(args.rounds):  # alternated, so a busy spell hits both
             for a, m in models.items():
-                s, f = measure(m, args.steps, hp)
+                s, f, p = measure(m, args.steps, hp)
                 times[a]["step"] += s
                 times[a]["frame"] += f
+                times[a]["prefill"].append(p)
         for m in models.values():
             m.close()
         bandwidths.append(measure_bandwidth(256, 3).read_gbps)
@@ -115,6 +129,7 @@ def main() -> None:
         row["frame_read_bytes"] = acct.step_read_bytes + acct.fast_frame_read_bytes
         row["ggml_over_f32_step"] = row["ggml"]["step"] / row["f32"]["step"]
         row["ggml_over_f32_frame"] = row["ggml"]["frame"] / row["f32"]["frame"]
+        row["ggml_over_f32_prefill"] = row["ggml"]["prefill"] / row["f32"]["prefill"]
         results[wt] = row
         print(wt, json.dumps(row), flush=True)
     busy1, total1 = cpu_times()
