@@ -28,14 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-#: a Haswell's features (AVX2, FMA, F16C; no AVX-512), for --avx2
-HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,"
-           "+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,"
-           "+ssse3,+x87,+xsave,+xsaveopt")
-
 import s2core  # noqa: E402
 from s2core.benchmarking.bandwidth import measure_bandwidth
-from s2core.benchmarking.machine import cpu_flags, cpu_model
+from s2core.benchmarking.machine import HASWELL, cpu_flags, cpu_model
 from s2core.benchmarking.models import prepare_model
 from s2core.benchmarking.workload import floor_ms
 from s2core.embedded.writer import s2pro_hparams

@@ -18,13 +18,10 @@ import pytest
 
 pytest.importorskip("numba")
 
+from s2core.benchmarking.machine import HASWELL  # noqa: E402
 from s2core_numpy import attention, ops  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the features of a Haswell (AVX2, F16C, FMA; no AVX-512), as tests/test_int_dots.py names it
-HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,"
-           "+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,"
-           "+ssse3,+x87,+xsave,+xsaveopt")
 
 
 def rel_err(out, ref) -> float:

@@ -6,12 +6,21 @@ tests/test_s2cpp_fidelity.py holds them to s2.cpp's own outputs, bit for bit."""
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 pytest.importorskip("numba")
+from s2core.benchmarking.machine import HASWELL  # noqa: E402
 from s2core_numpy import ggml_ops  # noqa: E402
 from s2core_numpy.ops import Keys  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 F32 = np.float32
 
@@ -182,3 +191,59 @@ def test_ggml_order_between_the_products_only_where_the_products_have_it(model, 
         assert (m.backend.row_ops is ggml_ops.GGML_OPS) == exact
     finally:
         m.close()
+
+
+OTHER_TARGET = """
+import sys
+import numpy as np
+from s2core_numpy import ggml_ops
+case = np.load(sys.argv[1])
+w16, w32, x, positions = (case[k] for k in ("w16", "w32", "x", "positions"))
+cos, sin = ggml_ops.rope_tables(positions, 32, 10000.0)
+out16 = np.empty((x.shape[0], w16.shape[0]), np.float32)
+out32 = np.empty_like(out16)
+ggml_ops.products(w16, x, out16)
+ggml_ops.products(w32, x, out32)
+np.savez(sys.argv[2], f16=out16, f32=out32, cos=cos, sin=sin,
+         swiglu=ggml_ops.swiglu(x, x[::-1].copy()),
+         rope=ggml_ops.rope(x[:, :64].reshape(-1, 2, 32).copy(), cos, sin),
+         norm=ggml_ops.rms_norm(x, x[0], np.float32(1e-6)))
+"""
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the targets named are x86 ones")
+@pytest.mark.parametrize("cpu", ["haswell", "generic"])
+def test_other_targets_compute_the_same_bits(tmp_path, cpu):
+    """ggml's order is the arithmetic, whatever the CPU numba compiles for: the products
+    (F16 and F32, blocks of rows as the target's registers allow), SwiGLU, RoPE and RMSNorm
+    built for a Haswell (AVX2, 2-row blocks) and for a generic x86 (no F16C: halves widened
+    by the bit trick, which once crashed the process; no FMA: libm's exact fmaf) give this
+    machine's bits, in a subprocess."""
+    rng = np.random.default_rng(9)
+    w = half_values(rng, 37, 77)
+    x = half_values(rng, 7, 77)
+    positions = np.arange(7, dtype=np.int64) + 5
+    cos, sin = ggml_ops.rope_tables(positions, 32, 10000.0)
+    case = dict(w16=w.astype(np.float16).view(np.int16), w32=w, x=x, positions=positions)
+    np.savez(tmp_path / "case.npz", **case)
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu,
+               NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),  # not this CPU's cached code
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "backends"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    if cpu == "haswell":
+        env["NUMBA_CPU_FEATURES"] = HASWELL
+    run = subprocess.run([sys.executable, "-c", OTHER_TARGET, str(tmp_path / "case.npz"),
+                          str(tmp_path / "out.npz")], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = np.load(tmp_path / "out.npz")
+    out16 = np.empty((7, 37), F32)
+    out32 = np.empty_like(out16)
+    ggml_ops.products(case["w16"], x, out16)
+    ggml_ops.products(w, x, out32)
+    want = dict(f16=out16, f32=out32, cos=cos, sin=sin, swiglu=ggml_ops.swiglu(x, x[::-1].copy()),
+                rope=ggml_ops.rope(x[:, :64].reshape(-1, 2, 32).copy(), cos, sin),
+                norm=ggml_ops.rms_norm(x, x[0], F32(1e-6)))
+    for name, value in want.items():
+        assert np.array_equal(got[name], value), name

@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as QT
 
 pytest.importorskip("numba")
 
+from s2core.benchmarking.machine import HASWELL  # noqa: E402
 from s2core.embedded.kquants import quantize_k  # noqa: E402
 from s2core.kit.ggml_arithmetic import ggml_product  # noqa: E402
 
@@ -24,10 +25,6 @@ from s2core_numpy import int_dots, simd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = sorted(int_dots.TYPES)
-#: the features of a Haswell (AVX2, no AVX-512): NUMBA_CPU_NAME alone keeps the host's features
-HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,"
-           "+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,"
-           "+ssse3,+x87,+xsave,+xsaveopt")
 
 needs_integer_kernels = pytest.mark.skipif(
     not simd.isa(), reason="this CPU has neither AVX2 nor AVX-512 VNNI: no integer kernels")

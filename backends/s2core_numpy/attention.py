@@ -53,7 +53,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .f16 import as_float32, target_converts_half, value_f32
+from .f16 import as_float32, value_f32, widen_half_lanes
 from .ops import KV, Keys
 from .prefetch import emit_prefetch
 
@@ -149,26 +149,8 @@ class _Vectors:
         if array_type.dtype == types.float32:
             return self.b.load(self.b.bitcast(ptr, self.type.as_pointer()), align=4)
         bits_type = ir.VectorType(ir.IntType(16), LANES)
-        return self._widen(self.b.load(self.b.bitcast(ptr, bits_type.as_pointer()), align=2))
-
-    def _widen(self, bits: ir.Value) -> ir.Value:
-        """float16 bits as float32, exactly: the hardware conversion where there is one
-        (f16.target_converts_half), else f16.widen_any's bit trick on every lane."""
-        if target_converts_half():
-            return self.b.fpext(self.b.bitcast(bits, ir.VectorType(ir.HalfType(), LANES)),
-                                self.type)
-        i32s = ir.VectorType(_I32, LANES)
-
-        def splat(n):
-            return ir.Constant(i32s, [n] * LANES)
-
-        wide = self.b.sext(bits, i32s)
-        moved = self.b.and_(self.b.shl(wide, splat(13)), splat(-0x70000001))  # 0x8FFFFFFF
-        finite = self.b.fmul(self.b.bitcast(moved, self.type),
-                             ir.Constant(self.type, [2.0 ** 112] * LANES))
-        special = self.b.icmp_signed("==", self.b.and_(wide, splat(0x7c00)), splat(0x7c00))
-        kept = self.b.bitcast(self.b.or_(moved, splat(0x7f800000)), self.type)
-        return self.b.select(special, kept, finite)
+        return widen_half_lanes(self.b, self.b.load(self.b.bitcast(ptr, bits_type.as_pointer()),
+                                                    align=2))
 
     def load_sums(self, data, at) -> ir.Value:
         """LANES float32 from element `at` of a float32 array."""

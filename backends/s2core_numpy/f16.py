@@ -97,6 +97,29 @@ def target_converts_half() -> bool:
     return triple.startswith(("aarch64", "arm64")) or "+f16c" in features.split(",")
 
 
+def widen_half_lanes(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """IR: a vector of float16 bits (<n x i16>) as float32 (<n x float>), exactly: the
+    hardware conversion where the target has one (target_converts_half), else widen_any's bit
+    trick on every lane (infinities and NaNs kept). Every IR kernel widens halves here."""
+    n = bits.type.count
+    floats = ir.VectorType(ir.FloatType(), n)
+    if target_converts_half():
+        return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), n)), floats)
+    i32s = ir.VectorType(ir.IntType(32), n)
+
+    def splat(value):
+        return ir.Constant(i32s, [value] * n)
+
+    wide = builder.sext(bits, i32s)
+    moved = builder.and_(builder.shl(wide, splat(13)), splat(int(_SIGN_AND_MAGNITUDE)))
+    finite = builder.fmul(builder.bitcast(moved, floats),
+                          ir.Constant(floats, [float(_UNSCALE)] * n))
+    special = builder.icmp_signed("==", builder.and_(wide, splat(int(_EXPONENT))),
+                                  splat(int(_EXPONENT)))
+    kept = builder.bitcast(builder.or_(moved, splat(int(_FLOAT32_EXPONENT))), floats)
+    return builder.select(special, kept, finite)
+
+
 @intrinsic
 def widen_half(typingctx, h):
     """A float16 given by its int16 bits as float32, exactly, for every value (infinities

@@ -57,7 +57,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .attention import kernel_block, vector_shape
-from .f16 import as_float32, value_f32, widen_half
+from .f16 import as_float32, value_f32, widen_half, widen_half_lanes
 from .ops import Keys, RowOps
 from .prefetch import emit_prefetch
 from .stack import stack_array
@@ -149,10 +149,12 @@ def _lanes_pointer(context, builder, array_type, array, at):
 
 def _load_lanes(context, builder, array_type, array, at):
     """LANES values of a float32 or float16-bits array as a float32 vector (exact)."""
-    value = builder.load(_lanes_pointer(context, builder, array_type, array, at), align=2)
+    pointer = _lanes_pointer(context, builder, array_type, array, at)
     if isinstance(array_type.dtype, types.Integer):
-        value = builder.fpext(value, ir.VectorType(ir.FloatType(), LANES))
-    return value
+        bits = ir.VectorType(ir.IntType(16), LANES)
+        return widen_half_lanes(builder, builder.load(builder.bitcast(pointer, bits.as_pointer()),
+                                                      align=2))
+    return builder.load(pointer, align=2)
 
 
 def _fma_lanes(builder, a, b, c):

@@ -21,6 +21,14 @@ THREAD_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "M
               "VECLIB_MAXIMUM_THREADS", "S2CORE_BACKEND")
 
 
+#: numba's CPU features of a Haswell (AVX2, FMA, F16C; no AVX-512): NUMBA_CPU_NAME="haswell" with
+#: NUMBA_CPU_FEATURES=HASWELL builds the code AVX2-only CPUs run, on an AVX-512 machine (the name
+#: alone keeps the host's features)
+HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+fxsr,+invpcid,"
+           "+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,+sse3,+sse4.1,+sse4.2,"
+           "+ssse3,+x87,+xsave,+xsaveopt")
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
