@@ -31,7 +31,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
-from . import act_quant
+from . import act_quant, amx
 from .f16 import _widen
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q8_0_HEADER, Q8_0_KIND, ROWS,
                    SIGNED_FLIP, isa, products)
@@ -205,7 +205,10 @@ class IntDotMatrix:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.codes.shape[0] * ROWS), np.float32)
         xq, xd, xs = act_quant.quantize(self.dot_type, x)
-        products(self.kind, self.codes, xq, xd, xs, out)
+        if x.shape[0] >= amx.MIN_ROWS.get(self.kind, 1 << 62) and amx.available():
+            amx.products(self.kind, self.codes, xq, xd, xs, out)  # the same bits, faster here
+        else:
+            products(self.kind, self.codes, xq, xd, xs, out)
         return out[:, :self.n_out]
 
     def rows(self, ids: np.ndarray) -> np.ndarray:

@@ -56,7 +56,7 @@ def isa() -> str:
 
 
 # ------------------------------------------------------------------------ IR building
-class _Emitter:
+class Emitter:
     """One ISA's forms of: load a 64-byte group, bit operations on it, and accumulate its dot
     with 4 activation bytes. A group value is a list of vectors (one <64 x i8> on VNNI, two
     <32 x i8> on AVX2); an accumulator likewise (<16 x i32>, or two <8 x i32>)."""
@@ -251,7 +251,7 @@ def _const(value: int) -> ir.Constant:
     return ir.Constant(ir.IntType(64), value)
 
 
-def _scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
+def scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
     """The int16 pair (low, high) in an int32 (values within int16)."""
     return b.or_(b.and_(low, ir.Constant(_I32, 0xFFFF)), b.shl(high, ir.Constant(_I32, 16)))
 
@@ -294,7 +294,7 @@ def _make(body, n_rows: int, tile_block_bytes: int):
                 rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
                              builder.add(int64(9), step[2]),
                              builder.add(int64(12), _const(r * ROWS))])
-            body(_Emitter(builder, isa(), PREFETCH_BLOCKS * tile_block_bytes), ptrs, int64(1),
+            body(Emitter(builder, isa(), PREFETCH_BLOCKS * tile_block_bytes), ptrs, int64(1),
                  rows)
             return context.get_dummy_value()
 
@@ -315,7 +315,7 @@ def _make(body, n_rows: int, tile_block_bytes: int):
 Q8_0_HEADER, Q4_K_HEADER, Q6_K_HEADER = 256, 256, 288
 
 
-def _q8_0(e: _Emitter, ptrs, at, rows) -> None:
+def _q8_0(e: Emitter, ptrs, at, rows) -> None:
     codes, x, xd, xs, out = ptrs
     b = e.b
     totals = [None] * len(rows)
@@ -340,25 +340,34 @@ def _q8_0(e: _Emitter, ptrs, at, rows) -> None:
         e.add_to_rows(out, out_at, totals[r])
 
 
-def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
-    codes, x, xd, xs, out = ptrs
-    b = e.b
-    low_mask = e.bytes_splat(15)
-    header = [e.row_byte_vectors(codes, b.add(at, _const(64 + 16 * k))) for k in range(12)]
+def q4_k_header(e: Emitter, codes, at) -> list:
+    """A Q4_K tile-block's 12 scale bytes, each as the 16 rows' byte vector."""
+    return [e.row_byte_vectors(codes, e.b.add(at, _const(64 + 16 * k))) for k in range(12)]
 
+
+def q4_k_scale_min(e: Emitter, header: list, s: int) -> tuple[list, list]:
+    """get_scale_min_k4: sub-block s's 6-bit scale and min, per row, as int32 vectors."""
     def const(n):
         return [ir.Constant(v.type, [n] * v.type.count) for v in header[0]]
 
+    if s < 4:
+        return (e.widen(e.op("and_", header[s], const(63))),
+                e.widen(e.op("and_", header[s + 4], const(63))))
+    sc = e.op("or_", e.op("and_", header[s + 4], const(15)),
+              e.op("shl", e.op("lshr", header[s - 4], const(6)), const(4)))
+    mn = e.op("or_", e.op("lshr", header[s + 4], const(4)),
+              e.op("shl", e.op("lshr", header[s], const(6)), const(4)))
+    return e.widen(sc), e.widen(mn)
+
+
+def _q4_k(e: Emitter, ptrs, at, rows) -> None:
+    codes, x, xd, xs, out = ptrs
+    b = e.b
+    low_mask = e.bytes_splat(15)
+    header = q4_k_header(e, codes, at)
+
     def scale_min(s: int) -> tuple[list, list]:
-        """get_scale_min_k4: sub-block s's 6-bit scale and min, per row."""
-        if s < 4:
-            return (e.widen(e.op("and_", header[s], const(63))),
-                    e.widen(e.op("and_", header[s + 4], const(63))))
-        sc = e.op("or_", e.op("and_", header[s + 4], const(15)),
-                  e.op("shl", e.op("lshr", header[s - 4], const(6)), const(4)))
-        mn = e.op("or_", e.op("lshr", header[s + 4], const(4)),
-                  e.op("shl", e.op("lshr", header[s], const(6)), const(4)))
-        return e.widen(sc), e.widen(mn)
+        return q4_k_scale_min(e, header, s)
 
     n = len(rows)
     sum_scaled = [e.zero() for _ in rows]
@@ -413,7 +422,7 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
             u, v = (b.add(e.scalar(xs, b.add(xs_at, _const(4 * k + 2 * h))),
                           e.scalar(xs, b.add(xs_at, _const(4 * k + 2 * h + 1))))
                     for h in (0, 1))
-            acc = e.pair_dot(acc, min_pairs[k], _scalar_pair16(b, u, v))
+            acc = e.pair_dot(acc, min_pairs[k], scalar_pair16(b, u, v))
         sum_mins.append(acc)
     d_w = e.row_halves(codes, at)
     dmin_w = e.row_halves(codes, b.add(at, _const(32)))
@@ -424,7 +433,7 @@ def _q4_k(e: _Emitter, ptrs, at, rows) -> None:
                                         e.op("fmul", dmin, e.to_float(sum_mins[r]))))
 
 
-def _q6_k(e: _Emitter, ptrs, at, rows) -> None:
+def _q6_k(e: Emitter, ptrs, at, rows) -> None:
     codes, x, xd, xs, out = ptrs
     b = e.b
     low_mask, two = e.bytes_splat(15), e.bytes_splat(3)

@@ -1,0 +1,72 @@
+"""AMX products (backends/s2core_numpy/amx.py): for every type and any number of rows, the
+same bits as the VNNI kernels (simd.py), so a product's numbers never depend on which path or
+batch computed them; IntDotMatrix takes AMX only from its measured row counts; and
+S2CORE_NO_AMX turns it off. Skipped with the reason where this CPU or kernel has no AMX."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+pytest.importorskip("numba")
+
+from s2core.embedded.kquants import quantize_k  # noqa: E402
+
+from s2core_numpy import act_quant, amx, int_dots, simd  # noqa: E402
+
+needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: "
+                               f"{amx.unavailable_reason()}")
+
+
+def matrix(qtype: QT, n_out: int, n_in: int, seed: int) -> int_dots.IntDotMatrix:
+    w = np.random.default_rng(seed).standard_normal((n_out, n_in)).astype(np.float32)
+    raw = gguf.quants.quantize(w, qtype) if qtype == QT.Q8_0 else quantize_k(w, qtype)
+    return int_dots.IntDotMatrix.from_raw(raw.view(np.uint8).reshape(n_out, -1), qtype)
+
+
+@needs_amx
+@pytest.mark.parametrize("qtype", sorted(int_dots.TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 3, 8, 16, 17, 40])
+def test_amx_products_equal_the_vnni_kernels_bit_for_bit(qtype, rows):
+    """37 outputs (a padded last tile), 768 inputs (3 super-blocks), activations with large and
+    tiny values; 17 and 40 rows take a last chunk of 1 and 8 rows."""
+    m = matrix(qtype, 37, 768, rows)
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((rows, 768)) * rng.choice([1e-3, 1.0, 40.0], (rows, 1))).astype(
+        np.float32)
+    xq, xd, xs = act_quant.quantize(m.dot_type, x)
+    want = np.empty((rows, m.codes.shape[0] * 16), np.float32)
+    got = np.full_like(want, np.nan)
+    simd.products(m.kind, m.codes, xq, xd, xs, want)
+    amx.products(m.kind, m.codes, xq, xd, xs, got)
+    assert np.array_equal(got, want), f"{qtype.name}, {rows} rows: AMX differs from VNNI by " \
+        f"{np.nanmax(np.abs(got - want))}"
+
+
+@needs_amx
+@pytest.mark.parametrize("qtype", [t for t in sorted(int_dots.TYPES) if int(t) in amx.MIN_ROWS],
+                         ids=lambda t: t.name)
+def test_a_batch_through_amx_equals_its_rows_alone(qtype):
+    """IntDotMatrix sends a product of enough rows to AMX (MIN_ROWS); each row equals the same
+    row multiplied alone (the VNNI kernels)."""
+    m = matrix(qtype, 64, 512, 5)
+    rows = amx.MIN_ROWS[m.kind]
+    x = np.random.default_rng(6).standard_normal((rows, 512)).astype(np.float32)
+    batch = m(x)
+    for r in range(rows):
+        assert np.array_equal(batch[r:r + 1], m(x[r:r + 1])), f"{qtype.name} row {r}"
+
+
+def test_s2core_no_amx_turns_it_off():
+    """With S2CORE_NO_AMX set, the VNNI kernels serve every product, and the reason says so."""
+    code = "from s2core_numpy import amx; print(amx.unavailable_reason())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "S2CORE_NO_AMX": "1"}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "S2CORE_NO_AMX is set"
