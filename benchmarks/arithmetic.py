@@ -130,9 +130,12 @@ def main() -> None:
     busy1, total1 = cpu_times()
     wall_cpu = total1 - total0
     others = max(0.0, (busy1 - busy0) / 100.0 - (self_cpu() - own0)) / (wall_cpu / 100.0)
-    from s2core_numpy.simd import isa  # numba is imported by now
+    from s2core_numpy import amx  # numba is imported by now
+    from s2core_numpy.simd import isa
+    kernels = (isa() or "none") + ("+amx" if amx.available() else "")
     report = {"layers": args.layers, "results_ms_median": results,
-              "cpu_model": cpu_model(), "integer_kernels": isa() or "none",
+              "cpu_model": cpu_model(), "integer_kernels": kernels,
+              "amx": amx.unavailable_reason() or "used from amx.MIN_ROWS rows",
               "cpu_flags": cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
               "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "others_cpu_share": round(others, 3)}
@@ -140,7 +143,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = time.strftime("%Y%m%d-%H%M")
-    suffix = f"-{args.layers}l" + ("-avx2" if args.avx2 else "")
+    suffix = f"-{args.layers}l" + ("-avx2" if args.avx2 else "") + (
+        "-no-amx" if os.environ.get("S2CORE_NO_AMX") else "")
     (out / f"arithmetic-{tag}{suffix}.json").write_text(json.dumps(report, indent=1))
 
 

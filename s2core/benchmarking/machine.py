@@ -16,9 +16,12 @@ import sys
 from typing import Any
 
 PACKAGES = ("s2core", "numpy", "torch", "mlx", "gguf", "matplotlib", "psutil", "threadpoolctl")
-#: environment variables that change how BLAS / OpenMP libraries pick kernels and threads
+#: environment variables that change how BLAS / OpenMP libraries and the backends pick kernels
+#: and threads (S2CORE_NO_AMX: the NumPy backend's AMX products off; NUMBA_CPU_*: the CPU
+#: numba compiles its kernels for)
 THREAD_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-              "VECLIB_MAXIMUM_THREADS", "S2CORE_BACKEND")
+              "VECLIB_MAXIMUM_THREADS", "S2CORE_BACKEND", "S2CORE_NO_AMX", "NUMBA_CPU_NAME",
+              "NUMBA_CPU_FEATURES")
 
 
 #: numba's CPU features of a Haswell (AVX2, FMA, F16C; no AVX-512): NUMBA_CPU_NAME="haswell" with
@@ -144,7 +147,8 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
                      "uses that kernel family instead of detecting the CPU)")
     others = {k: val for k, val in env.items() if k != "OPENBLAS_CORETYPE"}
     if others:
-        lines.append("thread environment: " + ", ".join(f"{k}={val}" for k, val in others.items()))
+        lines.append("kernel and thread environment: "
+                     + ", ".join(f"{k}={val}" for k, val in others.items()))
     if info["load_average"] is not None:
         lines.append("load average at start (1/5/15 min): "
                      + " / ".join(f"{x:.2f}" for x in info["load_average"]))
