@@ -439,7 +439,7 @@ def products(kind, packed, xq, xd, xs, out):
         dots = stack_array(16, _DOTS_COLS, np.int32)
         acc = stack_array(CHUNK, ROWS, np.float32)
         d_w = stack_array(8, ROWS, np.float32)  # Q8_0: d per block; K-quants: d (, dmin)
-        scales = stack_array(16, ROWS, np.int32)  # Q4_K: 8 scales, 8 mins; Q6_K: 16 scales
+        scales = stack_array(16, ROWS, np.int32)  # Q4_K: 8 scales, 4 min pairs; Q6_K: 16
         for first in range(0, n_rows, CHUNK):
             rows = min(CHUNK, n_rows - first)
             _configure(cfg, rows, k_bytes)
