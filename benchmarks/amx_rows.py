@@ -2,15 +2,18 @@
 """AMX against the VNNI kernels for arithmetic="ggml", by rows of activations, in one run.
 
     python benchmarks/amx_rows.py [--types Q8_0,Q4_K,Q6_K] [--rows 1,2,4,8,16,64] [--reps 9]
+                                  [--matrices N]
 
 For each type, one 9728 x 2560 matrix (S2 Pro's FFN shape) of random valid blocks, packed as
 the NumPy backend packs it, is multiplied by 1, 2, 4, ... activation rows with the VNNI
 kernels (simd.products) and with the tile units (amx.products), alternated: the median of
 `--reps` each, and each as a multiple of the VNNI kernels' one-row product. Both give the same
 bits (tests/test_amx.py); this measures which is faster at each row count, which is what
-amx.MIN_ROWS encodes. The 480 MB L3 of the machine it was written on holds the matrix: these
-are compute times, not memory-bound ones. Writes benchmarks/results/amx-rows-<date>-<time>.json
-with the CPU model and flags.
+amx.MIN_ROWS encodes. The 480 MB L3 of the machine it was written on holds one matrix: those
+are compute times. `--matrices N` packs N copies and multiplies them in turn (a time is then
+the mean per product), so that with N x the matrix's bytes past the L3 (40 copies of Q8_0:
+1.06 GB) each product streams its matrix from memory, as a model's do. Writes
+benchmarks/results/amx-rows-<date>-<time>.json with the CPU model and flags.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main() -> None:
     parser.add_argument("--types", default="Q8_0,Q4_K,Q6_K")
     parser.add_argument("--rows", default="1,2,4,8,16,64")
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--matrices", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
@@ -51,7 +55,9 @@ def main() -> None:
     for name in args.types.split(","):
         qt = QT[name]
         per_block = 32 if qt == QT.Q8_0 else 256
-        m = IntDotMatrix.from_raw(random_blocks(qt, 9728, 2560 // per_block, 3), qt)
+        raw = random_blocks(qt, 9728, 2560 // per_block, 3)
+        mats = [IntDotMatrix.from_raw(raw, qt) for _ in range(args.matrices)]
+        m = mats[0]
         rows_out, one = [], None
         for rows in (int(r) for r in args.rows.split(",")):
             x = rng.standard_normal((rows, 2560)).astype(np.float32)
@@ -64,8 +70,9 @@ def main() -> None:
             for _ in range(args.reps):
                 for k, f in kernels.items():
                     t = time.perf_counter()
-                    f(m.kind, m.codes, xq, xd, xs, out)
-                    times[k].append(time.perf_counter() - t)
+                    for each in mats:
+                        f(each.kind, each.codes, xq, xd, xs, out)
+                    times[k].append((time.perf_counter() - t) / len(mats))
             row = {"rows": rows}
             for k in kernels:
                 row[f"{k}_ms"] = statistics.median(times[k]) * 1e3
@@ -78,12 +85,13 @@ def main() -> None:
                   flush=True)
             rows_out.append(row)
         results[name] = rows_out
-    report = {"shape": [9728, 2560], "results": results, "min_rows": {
+    report = {"shape": [9728, 2560], "matrices": args.matrices, "results": results, "min_rows": {
         QT(k).name: v for k, v in amx.MIN_ROWS.items()}, "cpu_model": cpu_model(),
         "cpu_flags": cpu_flags()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"amx-rows-{time.strftime('%Y%m%d-%H%M')}.json"
+    suffix = f"-{args.matrices}m" if args.matrices > 1 else ""
+    path = out / f"amx-rows-{time.strftime('%Y%m%d-%H%M')}{suffix}.json"
     path.write_text(json.dumps(report, indent=1))
     print(f"wrote {path}")
 
