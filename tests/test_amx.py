@@ -64,9 +64,19 @@ def test_a_batch_through_amx_equals_its_rows_alone(qtype):
 
 
 def test_s2core_no_amx_turns_it_off():
-    """With S2CORE_NO_AMX set, the VNNI kernels serve every product, and the reason says so."""
-    code = "from s2core_numpy import amx; print(amx.unavailable_reason())"
+    """With S2CORE_NO_AMX set, the VNNI kernels serve every product, the reason says so, and
+    the probe no longer promises AMX."""
+    code = ("from s2core_numpy import amx, plugin; print(amx.unavailable_reason()); "
+            "print(plugin.amx_expected(), 'AMX' in plugin.probe().reason)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "S2CORE_NO_AMX": "1"}, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "S2CORE_NO_AMX is set"
+    assert run.stdout.split("\n")[:2] == ["S2CORE_NO_AMX is set", "False False"]
+
+
+def test_the_probe_promises_amx_exactly_where_it_runs():
+    """plugin.amx_expected() (the probe's cheap reading of the CPU flags and the kernel,
+    without numba) agrees with amx.available() (numba's target, and Linux's grant)."""
+    from s2core_numpy import plugin
+    assert plugin.amx_expected() == amx.available(), amx.unavailable_reason()
+    assert ("AMX" in plugin.probe().reason) == amx.available()

@@ -50,27 +50,48 @@ def numpy_codec_capabilities() -> CodecCapabilities:
                              priority=CODEC_PRIORITY)
 
 
-def integer_kernels_expected() -> bool:
-    """Whether numba's integer kernels (int_dots.py) will run here: numba installed and the CPU
-    numba compiles for has AVX2 or AVX-512 VNNI (simd.isa() says it at load; this reads the
-    same facts without importing numba: NUMBA_CPU_FEATURES, else /proc/cpuinfo)."""
+def _target_flags() -> set[str] | None:
+    """The CPU features numba compiles for, in LLVM's names ("avx512vnni", "amx-int8"), read
+    without importing numba: NUMBA_CPU_FEATURES, else /proc/cpuinfo's flags; None where
+    neither tells (not Linux)."""
     import os
-    if not numba_available():
-        return False
     features = os.environ.get("NUMBA_CPU_FEATURES")
     if features is None and os.environ.get("NUMBA_CPU_NAME", "").lower() == "generic":
         features = ""  # numba's generic target: no features at all
     if features is not None:
-        on = {f[1:] for f in features.split(",") if f.startswith("+")}
-    else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = next((line for line in f if line.startswith("flags")), "")
-        except OSError:  # not Linux: not known, so not promised
-            return False
-        on = set(flags.split(":")[-1].split())
-        on |= {"avx512vnni"} if "avx512_vnni" in on else set()
-    return "avx2" in on or {"avx512f", "avx512bw", "avx512vnni"} <= on
+        return {f[1:] for f in features.split(",") if f.startswith("+")}
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:  # not Linux: not known, so not promised
+        return None
+    names = {"avx512_vnni": "avx512vnni", "amx_int8": "amx-int8", "amx_tile": "amx-tile"}
+    return {names.get(flag, flag) for flag in flags.split(":")[-1].split()}
+
+
+def integer_kernels_expected() -> bool:
+    """Whether numba's integer kernels (int_dots.py) will run here: numba installed and the CPU
+    numba compiles for has AVX2 or AVX-512 VNNI (simd.isa() says it at load; this reads the
+    same facts without importing numba)."""
+    on = _target_flags() if numba_available() else None
+    return bool(on) and ("avx2" in on or {"avx512f", "avx512bw", "avx512vnni"} <= on)
+
+
+def amx_expected() -> bool:
+    """Whether the AMX kernels (amx.py) will take products of many rows here: the VNNI
+    kernels run, the CPU numba compiles for has amx-int8 and amx-tile, Linux supports the
+    tile state, and S2CORE_NO_AMX is not set. amx.unavailable_reason() decides at load (and
+    asks Linux for the state); this reads the same facts without numba and without asking."""
+    import ctypes
+    import os
+    on = _target_flags() if numba_available() else None
+    if os.environ.get("S2CORE_NO_AMX") or not on or not (
+            {"avx512f", "avx512bw", "avx512vnni", "amx-int8", "amx-tile"} <= on):
+        return False
+    supported = ctypes.c_uint64(0)  # arch_prctl(ARCH_GET_XCOMP_SUPP): the kernel's features
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(158, 0x1021, ctypes.byref(supported)) == 0 and bool(
+        supported.value >> 18 & 1)  # XFEATURE_XTILEDATA
 
 
 def default_arithmetic() -> str:
@@ -110,6 +131,11 @@ def probe() -> Probe:
         if numba_available()
         else "; numba not installed (pip install s2core[fast]): F16 and quantized weights are "
              "widened to float32")
+    if integer_kernels_expected():
+        reason += ("; arithmetic \"ggml\" multiplies 8-bit codes in integers (AVX2 or AVX-512 "
+                   "VNNI)")
+        if amx_expected():
+            reason += ", on the AMX tile units for products of many rows (batches, prefills)"
     return Probe(available=True, reason=reason, capabilities=numpy_capabilities())
 
 
