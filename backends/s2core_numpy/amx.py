@@ -34,8 +34,10 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 from numba.core import cgutils
 
+from .plugin import (AMX_FEATURES, ARCH_REQ_XCOMP_PERM, NO_AMX_VARIABLE, SYS_ARCH_PRCTL,
+                     XFEATURE_XTILEDATA)
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q6_K_KIND, Q8_0_HEADER, Q8_0_KIND, ROWS,
-                   Emitter, scalar_pair16, isa, q4_k_header, q4_k_scale_min)
+                   Emitter, isa, q4_k_header, q4_k_scale_min, scalar_pair16, target_features)
 from .stack import stack_array
 
 #: per GGML type number, the rows of a product from which AMX computes it instead of the VNNI
@@ -49,7 +51,6 @@ MIN_ROWS = {Q8_0_KIND: 6, Q4_K_KIND: 12, Q6_K_KIND: 12}
 #: activation rows per AMX call (a tile holds 16)
 CHUNK = 16
 
-_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 _I8, _I64 = ir.IntType(8), ir.IntType(64)
 _BYTES = _I8.as_pointer()
 
@@ -57,21 +58,16 @@ _BYTES = _I8.as_pointer()
 @lru_cache(maxsize=None)
 def unavailable_reason() -> str:
     """"" where AMX runs here, else why not."""
-    if os.environ.get("S2CORE_NO_AMX"):
-        return "S2CORE_NO_AMX is set"
+    if os.environ.get(NO_AMX_VARIABLE):
+        return f"{NO_AMX_VARIABLE} is set"
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return "not x86-64 Linux"
     if isa() != "vnni":
         return "numba's target has no AVX-512 VNNI"
-    from numba.core import config
-    from numba.core.codegen import get_host_cpu_features
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None \
-        else get_host_cpu_features()
-    on = {f[1:] for f in str(features).split(",") if f.startswith("+")}
-    if not {"amx-int8", "amx-tile"} <= on:
+    if not AMX_FEATURES <= target_features():
         return "numba's target CPU has no amx-int8 and amx-tile"
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+    if libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0:
         return f"the kernel refused AMX's tile state (arch_prctl errno {ctypes.get_errno()})"
     return ""
 

@@ -640,31 +640,31 @@ def _total_of(acc, w, o, x, r, whole):
     return f32_total
 
 
-def _block_shapes() -> tuple[int, dict]:
-    """(ROW_BLOCK, {rows: outputs}) for the target's registers (attention.vector_shape):
+def _block_shapes() -> tuple[int, dict, bool]:
+    """(ROW_BLOCK, {rows: outputs}, whether a single row takes four outputs a block) for the
+    target's registers (attention.vector_shape):
     a block's accumulators, rows x outputs x (LANES / the register's lanes) registers, take at
     most half of them, the rest holding the loads. AVX-512: 4 rows x 2 outputs (16 of 32), and
     2 x 2, 1 x 2; AVX2: 2 x 1 and 1 x 2 (8 of 16). Measured on one 9728 x 2560 F16 matrix in
     cache (2 cores): AVX-512, 4 rows 1.52 -> 1.30 ms and 8 rows 3.05 -> 2.02 ms against 2 x 2
     blocks; 8 rows of one output each read x from L2 and took 4.5 ms. The AVX2 build, 4 rows
-    2.21 -> 1.95 ms, 8 rows 4.09 -> 3.31 ms (its 2 x 2 spilled 16 accumulators)."""
+    2.21 -> 1.95 ms, 8 rows 4.09 -> 3.31 ms (its 2 x 2 spilled 16 accumulators). A single
+    row takes 1 x 4 where that fits (AVX-512: 8 of 32), reading x once for four rows of w: the
+    4-layer f16 step 55.4 -> 54.4 ms, alternated (step-ab-20261204-025102)."""
     lanes, registers = vector_shape()
     per_accumulator = max(1, LANES // lanes)
     budget = registers // 2
     row_block = max([r for r in (4, 2, 1) if r * per_accumulator <= budget] or [1])
     outputs = {r: 2 if 2 * r * per_accumulator <= budget else 1 for r in (4, 2, 1)}
-    return row_block, outputs
+    return row_block, outputs, 4 * per_accumulator <= budget
 
 
-#: activation rows one block_dots call takes at most, and per block size its outputs
-ROW_BLOCK, _OUTPUTS = _block_shapes()
+#: activation rows one block_dots call takes at most, per block size its outputs, and whether
+#: a single row takes four
+ROW_BLOCK, _OUTPUTS, _ONE_ROW_FOUR = _block_shapes()
 _BLOCK_LANES = 2 * ROW_BLOCK * LANES
 _OUTPUTS_4, _OUTPUTS_2, _OUTPUTS_1 = _OUTPUTS[4], _OUTPUTS[2], _OUTPUTS[1]
 _dots4, _dots2, _dots1 = (_block_dots(r, _OUTPUTS[r]) for r in (4, 2, 1))
-#: a single row's products take four outputs a block where their accumulators fit in half the
-#: registers (AVX-512: 8 of 32), reading x once for four rows of w: the 4-layer f16 step
-#: 55.4 -> 54.4 ms, alternated (step-ab-20261204-025102)
-_ONE_ROW_FOUR = 4 * max(1, LANES // vector_shape()[0]) <= vector_shape()[1] // 2
 _dots1x4 = _block_dots(1, 4)
 
 

@@ -50,6 +50,17 @@ def numpy_codec_capabilities() -> CodecCapabilities:
                              priority=CODEC_PRIORITY)
 
 
+#: CPU features (LLVM's names) the VNNI integer kernels need (simd.isa), and AMX's besides
+VNNI_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vnni"})
+AMX_FEATURES = frozenset({"amx-int8", "amx-tile"})
+#: set (to anything) to keep the NumPy backend off the AMX tile units
+NO_AMX_VARIABLE = "S2CORE_NO_AMX"
+#: x86-64 Linux's arch_prctl: its syscall number, the codes that read the features the kernel
+#: supports and that ask for one, and AMX's tile data among them (XFEATURE_XTILEDATA)
+SYS_ARCH_PRCTL, ARCH_GET_XCOMP_SUPP, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = \
+    158, 0x1021, 0x1023, 18
+
+
 def _target_flags() -> set[str] | None:
     """The CPU features numba compiles for, in LLVM's names ("avx512vnni", "amx-int8"), read
     without importing numba: NUMBA_CPU_FEATURES, else /proc/cpuinfo's flags; None where
@@ -74,7 +85,7 @@ def integer_kernels_expected() -> bool:
     numba compiles for has AVX2 or AVX-512 VNNI (simd.isa() says it at load; this reads the
     same facts without importing numba)."""
     on = _target_flags() if numba_available() else None
-    return bool(on) and ("avx2" in on or {"avx512f", "avx512bw", "avx512vnni"} <= on)
+    return bool(on) and ("avx2" in on or VNNI_FEATURES <= on)
 
 
 def amx_expected() -> bool:
@@ -85,13 +96,12 @@ def amx_expected() -> bool:
     import ctypes
     import os
     on = _target_flags() if numba_available() else None
-    if os.environ.get("S2CORE_NO_AMX") or not on or not (
-            {"avx512f", "avx512bw", "avx512vnni", "amx-int8", "amx-tile"} <= on):
+    if os.environ.get(NO_AMX_VARIABLE) or not on or not VNNI_FEATURES | AMX_FEATURES <= on:
         return False
-    supported = ctypes.c_uint64(0)  # arch_prctl(ARCH_GET_XCOMP_SUPP): the kernel's features
+    supported = ctypes.c_uint64(0)
     libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(158, 0x1021, ctypes.byref(supported)) == 0 and bool(
-        supported.value >> 18 & 1)  # XFEATURE_XTILEDATA
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_GET_XCOMP_SUPP, ctypes.byref(supported)) == 0 \
+        and bool(supported.value >> XFEATURE_XTILEDATA & 1)
 
 
 def default_arithmetic() -> str:

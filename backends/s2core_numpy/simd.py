@@ -30,6 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .plugin import VNNI_FEATURES
 from .prefetch import emit_prefetch
 from .stack import stack_array
 
@@ -40,15 +41,22 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 
 
 @lru_cache(maxsize=None)
-def isa() -> str:
-    """"vnni" (AVX-512 F, BW and VNNI), "avx2", or "" (no integer kernels), for the CPU numba
-    compiles for."""
+def target_features() -> frozenset[str]:
+    """The features (LLVM's names) of the CPU numba compiles for: the host's, or
+    NUMBA_CPU_FEATURES."""
     from numba.core import config
     from numba.core.codegen import get_host_cpu_features
     features = config.CPU_FEATURES if config.CPU_FEATURES is not None \
         else get_host_cpu_features()
-    on = {f[1:] for f in str(features).split(",") if f.startswith("+")}
-    if {"avx512f", "avx512bw", "avx512vnni"} <= on:
+    return frozenset(f[1:] for f in str(features).split(",") if f.startswith("+"))
+
+
+@lru_cache(maxsize=None)
+def isa() -> str:
+    """"vnni" (AVX-512 F, BW and VNNI), "avx2", or "" (no integer kernels), for the CPU numba
+    compiles for."""
+    on = target_features()
+    if VNNI_FEATURES <= on:
         return "vnni"
     if "avx2" in on:
         return "avx2"
