@@ -22,7 +22,7 @@ from s2core.errors import (BackendError, BackendOutOfMemoryError, BackendRegistr
                      TokenizerError, VoiceFileError)
 from s2core.modelfile.file import ModelFile
 from s2core.modelfile.hparams import FastHparams, Hparams
-from s2core.contract.inputs import EvalBatch
+from s2core.contract.inputs import EvalBatch, LogitRows
 from s2core.runtime.loading import default_backend, load, load_codec
 from s2core.runtime.model import Result, SlowARModel
 from s2core.runtime.prefix import KVPrefix, ModelIdentity
@@ -33,7 +33,8 @@ from s2core.version import __version__
 
 __all__ = [
     "load", "list_backends", "default_backend", "SlowARModel", "Result", "Backend",
-    "Capabilities", "EvalBatch", "Hparams", "FastHparams", "ModelFile", "BackendInfo",
+    "Capabilities", "EvalBatch", "LogitRows", "Hparams", "FastHparams", "ModelFile",
+    "BackendInfo",
     "S2CoreError", "InvalidInputError", "InvalidTokensError", "CacheOverflowError",
     "CacheNotInitializedError", "CacheAllocationError", "ModelBusyError", "ModelClosedError",
     "ModelFileError", "BackendUnavailableError", "BackendError", "BackendOutOfMemoryError",

@@ -7,7 +7,8 @@ here and from `s2core.errors`, plus `s2core.kit` in their tests; everything else
 move between releases. docs/contract.md describes each name.
 
 - The Slow-AR contract: `Backend`, `Capabilities`, `EvalBatch`, `check_option`, and
-  `ARITHMETICS` (the values of `Capabilities.arithmetics`).
+  `ARITHMETICS` (the values of `Capabilities.arithmetics`); `LogitRows` (a batch's
+  `logit_rows`) with `shared_logit_rows` / `pick_logit_rows` for a call of several batches.
 - Registration: `hookimpl`, `BackendSpec`, `Probe`, `Option`, and `ENTRY_POINT_GROUP` (the
   entry-point group a plugin's package declares).
 - The model file: `ModelFile`, `Hparams`, `FastHparams`, `StackShape`, the block record
@@ -29,7 +30,7 @@ from s2core.codec.layout import Conv, ConvNeXt, ConvTranspose, ResidualUnit, Tra
 from s2core.codec.streaming import DecodeState, HistoryPass
 from s2core.contract.backend import ARITHMETICS, Backend, Capabilities, check_option
 from s2core.contract.host import available_host_memory_bytes, host_memory_bytes
-from s2core.contract.inputs import EvalBatch
+from s2core.contract.inputs import EvalBatch, LogitRows, pick_logit_rows, shared_logit_rows
 from s2core.contract.plugin_spec import ENTRY_POINT_GROUP, BackendSpec, Option, Probe, hookimpl
 from s2core.errors import (BackendError, BackendOutOfMemoryError, BackendUnavailableError,
                            CacheAllocationError, InvalidInputError, S2CoreError)
@@ -40,7 +41,8 @@ from s2core.modelfile.hparams import FastHparams, Hparams, StackShape
 from s2core.modelfile.layout import BlockWeights, load_block, load_fast_ar
 
 __all__ = [
-    "Backend", "Capabilities", "EvalBatch", "check_option", "ARITHMETICS",
+    "Backend", "Capabilities", "EvalBatch", "check_option", "ARITHMETICS", "LogitRows",
+    "shared_logit_rows", "pick_logit_rows",
     "hookimpl", "BackendSpec", "Probe", "Option", "ENTRY_POINT_GROUP",
     "ModelFile", "Hparams", "FastHparams", "StackShape", "BlockWeights", "load_block",
     "load_fast_ar",

@@ -80,6 +80,10 @@ class Capabilities:
     #: K/V once, and a voice no slot references can be dropped. Without
     #: it the core copies the prefix's K/V into each slot (writes_kv_cache) or recomputes it
     shares_kv_prefix: bool = False
+    #: eval_cached and eval_slots compute only the logits a batch's `logit_rows` name (the
+    #: rows of the output matrix it asks for); without it the core takes those rows out of
+    #: the whole vocabulary's logits
+    logit_rows: bool = False
     #: every arithmetic this backend offers (the core's `arithmetic=` load option, ARITHMETICS)
     arithmetics: tuple[str, ...] = ("f32",)
     #: the one this instance computes with (a probe states the backend's default)
@@ -110,7 +114,7 @@ class Capabilities:
         if not (isinstance(self.device, str) and self.device):
             p.append(f"device={self.device!r} is not a non-empty string")
         for flag in ("accelerator", "requires_single_token_semantic_prefill", "writes_kv_cache",
-                     "shares_kv_prefix"):
+                     "shares_kv_prefix", "logit_rows"):
             if not isinstance(getattr(self, flag), bool):
                 p.append(f"{flag}={getattr(self, flag)!r} is not a bool")
         n = self.n_accelerated_layers
@@ -237,7 +241,9 @@ class Backend(ABC):
     def eval_cached(self, batch: EvalBatch) -> tuple[Any, Any]:
         """Run the Slow-AR over batch (SPEC 2.4-2.6): write K/V at rows
         [batch.n_past, batch.n_past + batch.n_tokens) and return (hidden, logits) of the last
-        position as native arrays of shapes (dim,) and (vocab,).
+        position as native arrays of shapes (dim,) and (vocab,); with batch.logit_rows set
+        (declare `Capabilities.logit_rows`), logits of shape (len(batch.logit_rows),): the
+        full logits at batch.logit_rows.ids, computed for those rows only.
 
         Returned arrays must not alias buffers a later call overwrites. Must not write cache
         rows below batch.n_past.

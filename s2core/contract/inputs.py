@@ -5,6 +5,7 @@ All checks run before anything changes, so a rejected call leaves the model as i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,84 @@ import numpy as np
 
 from s2core.errors import InvalidInputError, InvalidTokensError
 from s2core.modelfile.hparams import Hparams
+
+
+class LogitRows:
+    """The vocabulary rows whose logits a caller needs (contract.md, "Logit rows"): ids in
+    ascending order, without repeats, held as contiguous runs [start, stop).
+
+    The frame rule samples the main token from the semantic ids and <|im_end|> only: 4,097
+    of S2 Pro's 155,776 rows. A batch asking for them gets logits of shape (len(rows),), the
+    full logits at `ids` in that order; a backend declaring `Capabilities.logit_rows`
+    computes only those rows of the output matrix, and the core takes them out of the full
+    logits for every other backend."""
+
+    __slots__ = ("runs", "ids", "_hash")
+
+    def __init__(self, runs: tuple[tuple[int, int], ...]):
+        self.runs = runs
+        self.ids = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in runs]) \
+            if runs else np.zeros(0, np.int64)
+        self.ids.setflags(write=False)
+        self._hash = hash(runs)
+
+    @classmethod
+    def of(cls, ids: Any, vocab_size: int) -> "LogitRows":
+        """From ids in any order (repeats dropped); each must lie in [0, vocab_size)."""
+        arr = _as_array(ids, "logit_rows", InvalidInputError, "logit_rows")
+        if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidInputError("logit_rows", f"logit_rows must be a non-empty 1-D sequence "
+                                    f"of integer token ids, got {arr.dtype} of shape {arr.shape}")
+        bad = arr[(arr < 0) | (arr >= vocab_size)]
+        if bad.size:
+            raise InvalidInputError("logit_rows", f"logit_rows id {int(bad[0])} is outside the "
+                                    f"vocabulary [0, {vocab_size})")
+        ids = np.unique(arr.astype(np.int64))
+        breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        stops = np.concatenate([breaks, [ids.size]])
+        return cls(tuple((int(ids[a]), int(ids[b - 1]) + 1) for a, b in zip(starts, stops)))
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LogitRows) and other.runs == self.runs
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"LogitRows({len(self)} ids in {len(self.runs)} runs)"
+
+    def take(self, full: np.ndarray) -> np.ndarray:
+        """These rows of logits over the whole vocabulary (its last axis)."""
+        return np.ascontiguousarray(np.asarray(full)[..., self.ids])
+
+    def within(self, wider: "LogitRows") -> np.ndarray:
+        """Where each of these ids sits among `wider`'s ids (which hold them all)."""
+        return np.searchsorted(wider.ids, self.ids)
+
+
+def shared_logit_rows(rows: list["LogitRows | None"]) -> "LogitRows | None":
+    """The rows one product serves for several batches: their union, or None (every row) as
+    soon as one batch asks for the whole vocabulary."""
+    if any(r is None for r in rows):
+        return None
+    if all(r == rows[0] for r in rows):
+        return rows[0]
+    ids = np.unique(np.concatenate([r.ids for r in rows]))
+    return LogitRows.of(ids, int(ids[-1]) + 1)
+
+
+def pick_logit_rows(logits: np.ndarray, computed: "LogitRows | None",
+                    wanted: "LogitRows | None") -> np.ndarray:
+    """One batch's logits out of a product over `computed`'s rows (None: all of them)."""
+    if wanted == computed:
+        return logits
+    if computed is None:
+        return wanted.take(logits)
+    return np.ascontiguousarray(logits[..., wanted.within(computed)])
 
 
 @dataclass(frozen=True)
@@ -27,6 +106,8 @@ class EvalBatch:
     semantic_mask: np.ndarray  # float32 (n,): 1 at semantic positions, else 0
     codebook_ids: np.ndarray   # int64 (n, num_codebooks): code + cb * codebook_size; 0 at text
     scale: np.ndarray          # float32 (n,): sem_scale at semantic positions (if enabled), else 1
+    #: the logits to return: None for the whole vocabulary (vocab,), else those rows only
+    logit_rows: LogitRows | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -44,7 +125,7 @@ class EvalBatch:
     def slice(self, start: int, stop: int) -> "EvalBatch":
         return EvalBatch(self.token_ids[start:stop], self.positions[start:stop],
                          self.semantic_mask[start:stop], self.codebook_ids[start:stop],
-                         self.scale[start:stop])
+                         self.scale[start:stop], self.logit_rows)
 
 
 def token_matrix(tokens: Any, n_tokens: int | None, hp: Hparams) -> np.ndarray:
@@ -127,7 +208,26 @@ def _check_ids(mat: np.ndarray, hp: Hparams) -> None:
             f"({int(bad_codes.sum())} such codes)")
 
 
-def make_batch(mat: np.ndarray, n_past: int, hp: Hparams) -> EvalBatch:
+def logit_rows(value: Any, hp: Hparams) -> LogitRows | None:
+    """A call's logit_rows argument, checked against the vocabulary: None, a `LogitRows` or
+    a sequence of token ids."""
+    if value is None:
+        return None
+    # a LogitRows is checked like any ids: one built by hand may hold runs out of order
+    return LogitRows.of(value.ids if isinstance(value, LogitRows) else value, hp.vocab_size)
+
+
+def batch_for_backend(batch: EvalBatch, caps: Any) -> EvalBatch:
+    """The batch a backend is handed: logit_rows kept where it declares computing them
+    (Capabilities.logit_rows), else dropped (the core picks the rows out of the whole
+    vocabulary's logits: Result, pick_logit_rows)."""
+    if batch.logit_rows is None or caps.logit_rows:
+        return batch
+    return dataclasses.replace(batch, logit_rows=None)
+
+
+def make_batch(mat: np.ndarray, n_past: int, hp: Hparams,
+               logit_rows: LogitRows | None = None) -> EvalBatch:
     """SPEC 2.3: the per-position values, from a validated token matrix."""
     n = mat.shape[0]
     row0 = mat[:, 0]
@@ -145,6 +245,7 @@ def make_batch(mat: np.ndarray, n_past: int, hp: Hparams) -> EvalBatch:
         semantic_mask=semantic.astype(np.float32),
         codebook_ids=cb_ids.astype(np.int64),
         scale=scale,
+        logit_rows=logit_rows,
     )
 
 

@@ -19,6 +19,8 @@ import time
 import numpy as np
 
 from s2core.generation.config import GenerationConfig, GenerationStats, Sampling
+from s2core.contract.inputs import LogitRows, pick_logit_rows
+from s2core.errors import InvalidInputError
 from s2core.generation.sampling import candidates, draw
 
 
@@ -26,19 +28,26 @@ class _MainSampler:
     """The main token: logits + the semantic/<|im_end|> mask, sampled with `s`.
 
     Only the allowed ids are handed to the sampler (sorted ascending, so ties break by id as
-    over the whole masked vocab): the masked ones are -inf there and never survive."""
+    over the whole masked vocab): the masked ones are -inf there and never survive. So only
+    their logits are needed: `rows`, which the steps ask the model for (LogitRows)."""
 
     def __init__(self, hp, im_end_id: int):
+        if not 0 <= im_end_id < hp.vocab_size:
+            raise InvalidInputError("im_end_id", f"im_end_id={im_end_id} is not a token of this "
+                                    f"model's vocabulary [0, {hp.vocab_size})")
         last = min(hp.semantic_end_id, hp.vocab_size - 1)
         semantic = np.arange(hp.semantic_begin_id, last + 1, dtype=np.int64)
-        self.im_end_id = im_end_id
-        self.without_end = semantic[semantic != im_end_id]
         self.with_end = np.union1d(semantic, [im_end_id]).astype(np.int64)
+        self.rows = LogitRows.of(self.with_end, hp.vocab_size)
+        #: the semantic ids without <|im_end|>, as places among with_end's
+        self.without_end_at = np.flatnonzero(self.with_end != im_end_id)
 
-    def __call__(self, logits: np.ndarray, block_end: bool, s: Sampling,
+    def __call__(self, allowed: np.ndarray, block_end: bool, s: Sampling,
                  rng: np.random.Generator) -> int:
-        ids = self.without_end if block_end else self.with_end
-        sub = np.asarray(logits[ids], dtype=np.float32)
+        """allowed: the logits of `with_end`'s ids, in that order."""
+        ids, sub = self.with_end, np.asarray(allowed, dtype=np.float32)
+        if block_end:
+            ids, sub = ids[self.without_end_at], sub[self.without_end_at]
         if np.isnan(sub).any() or not np.isfinite(sub).any():
             raise FloatingPointError(f"the model's logits over the allowed ids are not usable "
                                      f"(NaN or all -inf): {sub[:8]}...")
@@ -64,8 +73,19 @@ class FrameRule:
         self._main_sampler = _MainSampler(hp, config.im_end_id)
         self._window: list[int] = []
 
+    @property
+    def logit_rows(self) -> LogitRows:
+        """The token ids whose logits the main token is drawn from: what a step asks for."""
+        return self._main_sampler.rows
+
+    def allowed(self, result) -> np.ndarray:
+        """A step's logits over `logit_rows`, from its Result (computed for those rows, or
+        over the whole vocabulary): what sample_main and begin_frame take."""
+        return pick_logit_rows(result.logits, result.logit_rows, self.logit_rows)
+
     def sample_main(self, logits: np.ndarray, frames: int, ras: bool = False) -> int:
-        """Step 1 (or the RAS draw of step 2): the main token after `frames` frames."""
+        """Step 1 (or the RAS draw of step 2): the main token after `frames` frames, from
+        the logits over `logit_rows` (`allowed`)."""
         t = time.perf_counter()
         c = self._config
         token = self._main_sampler(logits, frames < c.min_tokens_before_end,

@@ -114,8 +114,8 @@ def _frames(model: SlowARModel, prompt: np.ndarray, config: GenerationConfig,
                 stats.restored_positions = prefix.n_positions
                 rest = prompt[prefix.n_positions:]
             t = time.perf_counter()
-            result = model.prefill_fast(rest)
-            logits = result.logits
+            result = model.prefill_fast(rest, logit_rows=rule.logit_rows)
+            logits = rule.allowed(result)
             stats.prefill_s = time.perf_counter() - t
             stats.prefilled_positions = len(rest)
             main = rule.sample_main(logits, 0)
@@ -137,8 +137,8 @@ def _frames(model: SlowARModel, prompt: np.ndarray, config: GenerationConfig,
                 if frames == config.max_new_tokens:
                     break  # s2.cpp steps once more and discards the result: nothing to gain
                 t = time.perf_counter()
-                result = model.step(np.concatenate([[main], frame]))
-                logits = result.logits
+                result = model.step(np.concatenate([[main], frame]), rule.logit_rows)
+                logits = rule.allowed(result)
                 stats.step_s.append(time.perf_counter() - t)
                 main = rule.sample_main(logits, frames)
             stats.stopped_by = "im_end" if main == config.im_end_id else "max_new_tokens"

@@ -22,7 +22,7 @@ from s2core.modelfile.file import ModelFile
 from s2core.runtime.fast_session import FastSession, fast_incremental
 from s2core.runtime.guard import ModelGuard, guarded
 from s2core.modelfile.hparams import Hparams
-from s2core.contract.inputs import EvalBatch
+from s2core.contract.inputs import EvalBatch, LogitRows, batch_for_backend, pick_logit_rows
 from s2core.runtime.memory import backend_kv_cache_bytes, describe_bytes
 
 if TYPE_CHECKING:
@@ -35,14 +35,23 @@ class Result:
     `.hidden` / `.logits` are host float32 numpy arrays, converted once on first access;
     `.hidden_native` / `.logits_native` are the backend's own arrays (a torch tensor, an mlx
     array), so a generation loop can stay on the device.
+
+    `.logit_rows` is what `.logits` covers: None for the whole vocabulary, or the
+    `LogitRows` the call asked for (then `.logits[i]` is the logit of `logit_rows.ids[i]`).
+    `.logits_native` holds the rows the backend computed: those, where it declares
+    `Capabilities.logit_rows`, else the whole vocabulary.
     """
 
-    __slots__ = ("hidden_native", "logits_native", "n_tokens", "_backend", "_hidden", "_logits")
+    __slots__ = ("hidden_native", "logits_native", "n_tokens", "logit_rows", "_native_rows",
+                 "_backend", "_hidden", "_logits")
 
-    def __init__(self, hidden_native: Any, logits_native: Any, n_tokens: int, backend: Backend):
+    def __init__(self, hidden_native: Any, logits_native: Any, n_tokens: int, backend: Backend,
+                 logit_rows: LogitRows | None = None, native_rows: LogitRows | None = None):
         self.hidden_native = hidden_native
         self.logits_native = logits_native
         self.n_tokens = n_tokens
+        self.logit_rows = logit_rows
+        self._native_rows = native_rows
         self._backend = backend
         self._hidden: np.ndarray | None = None
         self._logits: np.ndarray | None = None
@@ -58,7 +67,8 @@ class Result:
     def logits(self) -> np.ndarray:
         if self._logits is None:
             with backend_call(self._backend.name, "to_numpy"):
-                self._logits = self._backend.to_numpy(self.logits_native)
+                native = self._backend.to_numpy(self.logits_native)
+            self._logits = pick_logit_rows(native, self._native_rows, self.logit_rows)
         return self._logits
 
     def __repr__(self) -> str:
@@ -183,9 +193,11 @@ class SlowARModel:
     # ------------------------------------------------------------------ compute
     @guarded
     def prefill(self, tokens: Any, n_tokens: int | None = None,
-                chunk_size: int | None = None) -> Result:
-        """Prompt prefill, chunked as SPEC section 4 decides (or by `chunk_size`)."""
-        batch = self._prepare(tokens, n_tokens)
+                chunk_size: int | None = None, logit_rows: Any = None) -> Result:
+        """Prompt prefill, chunked as SPEC section 4 decides (or by `chunk_size`).
+        logit_rows (every method that evaluates takes it): the token ids whose logits the
+        result needs (a `LogitRows` or a sequence of ids); None, the whole vocabulary."""
+        batch = self._prepare(tokens, n_tokens, logit_rows)
         chunk = prefill_chunk_size(batch.n_tokens, batch.n_semantic, self.capabilities, chunk_size)
         n_past_before = self._n_past
         try:
@@ -196,23 +208,26 @@ class SlowARModel:
             self._n_past = n_past_before
             self._trim_rows(n_past_before)
             raise
-        return Result(result.hidden_native, result.logits_native, batch.n_tokens, self.backend)
+        result.n_tokens = batch.n_tokens
+        return result
 
     @guarded
-    def prefill_fast(self, tokens: Any, n_tokens: int | None = None) -> Result:
+    def prefill_fast(self, tokens: Any, n_tokens: int | None = None,
+                     logit_rows: Any = None) -> Result:
         """Direct evaluation of the whole prompt in one call (never chunked)."""
-        return self.eval_cached(tokens, n_tokens)
+        return self.eval_cached(tokens, n_tokens, logit_rows)
 
     @guarded
-    def step(self, frame: Any) -> Result:
+    def step(self, frame: Any, logit_rows: Any = None) -> Result:
         """One generation frame: [semantic id, code_0 .. code_{C-1}]."""
         mat = inputs.frame_matrix(frame, self.hparams)
-        return self._run(self._batch_from_matrix(mat))
+        return self._run(self._batch_from_matrix(mat, None, self._logit_rows(logit_rows)))
 
     @guarded
-    def eval_cached(self, tokens: Any, n_tokens: int | None = None) -> Result:
+    def eval_cached(self, tokens: Any, n_tokens: int | None = None,
+                    logit_rows: Any = None) -> Result:
         """The one compute path: validate, evaluate all positions in one backend call."""
-        return self._run(self._prepare(tokens, n_tokens))
+        return self._run(self._prepare(tokens, n_tokens, logit_rows))
 
     @guarded
     def fast_decode(self, hidden: Any, prefix_codes: Any = ()) -> np.ndarray:
@@ -267,30 +282,36 @@ class SlowARModel:
                 "no KV cache: call init_kv_cache(max_seq_len) before evaluating")
         return self._max_seq_len
 
-    def _prepare(self, tokens: Any, n_tokens: int | None) -> EvalBatch:
+    def _prepare(self, tokens: Any, n_tokens: int | None, logit_rows: Any = None) -> EvalBatch:
         capacity = self._require_cache()
         mat = inputs.token_matrix(tokens, n_tokens, self.hparams)
-        return self._batch_from_matrix(mat, capacity)
+        return self._batch_from_matrix(mat, capacity, self._logit_rows(logit_rows))
 
-    def _batch_from_matrix(self, mat: np.ndarray, capacity: int | None = None) -> EvalBatch:
+    def _logit_rows(self, logit_rows: Any) -> LogitRows | None:
+        return inputs.logit_rows(logit_rows, self.hparams)
+
+    def _batch_from_matrix(self, mat: np.ndarray, capacity: int | None = None,
+                           logit_rows: LogitRows | None = None) -> EvalBatch:
         capacity = self._require_cache() if capacity is None else capacity
         n = mat.shape[0]
         if self._n_past + n > capacity:
             raise CacheOverflowError(
                 "capacity", f"n_past ({self._n_past}) + n_tokens ({n}) = {self._n_past + n} "
                 f"exceeds the KV cache capacity max_seq_len={capacity}")
-        return inputs.make_batch(mat, self._n_past, self.hparams)
+        return inputs.make_batch(mat, self._n_past, self.hparams, logit_rows)
 
     def _calling(self, call: str):
         """The context of one backend call: its exceptions become s2core errors naming it."""
         return backend_call(self.backend.name, call)
 
     def _run(self, batch: EvalBatch) -> Result:
+        computed = batch_for_backend(batch, self.capabilities)
         with self._calling(f"eval_cached(n_past={batch.n_past}, n_tokens={batch.n_tokens})"):
-            hidden, logits = self.backend.eval_cached(batch)
+            hidden, logits = self.backend.eval_cached(computed)
         self._n_past += batch.n_tokens  # only after success
         self._rows.append(inputs.batch_rows(batch, self.hparams))
-        return Result(hidden, logits, batch.n_tokens, self.backend)
+        return Result(hidden, logits, batch.n_tokens, self.backend, batch.logit_rows,
+                      computed.logit_rows)
 
     def _trim_rows(self, n: int) -> None:
         rows = self.token_rows()[:n]

@@ -258,12 +258,16 @@ class BatchedModel:
 
     # ------------------------------------------------------------------ compute
     @_guarded
-    def eval(self, requests: Sequence[tuple[int, Any]]) -> list[Result]:
+    def eval(self, requests: Sequence[tuple[Any, ...]]) -> list[Result]:
         """One backend call over (slot, token rows) pairs with distinct slots: each slot's rows
-        continue its sequence. Returns the Result of each pair's last position, in order."""
+        continue its sequence. Returns the Result of each pair's last position, in order.
+        A request may be (slot, token rows, logit_rows): its Result's logits cover those
+        token ids only (SlowARModel.prefill says how)."""
         batches = self._prepare(requests)
+        caps = self.model.capabilities
         with self._calling(f"eval_slots({len(batches)} slots)"):
-            outs = self.backend.eval_slots(batches)
+            outs = self.backend.eval_slots([(slot, inputs.batch_for_backend(b, caps))
+                                            for slot, b in batches])
         if len(outs) != len(batches):
             raise S2CoreError(f"backend {self.backend.name!r}: eval_slots returned "
                               f"{len(outs)} results for {len(batches)} slots")
@@ -271,7 +275,9 @@ class BatchedModel:
         for (slot, batch), (hidden, logits) in zip(batches, outs):  # only after success
             self._n_past[slot] += batch.n_tokens
             self._rows[slot].append(inputs.batch_rows(batch, self.hparams))
-            results.append(Result(hidden, logits, batch.n_tokens, self.backend))
+            results.append(Result(hidden, logits, batch.n_tokens, self.backend,
+                                  batch.logit_rows,
+                                  batch.logit_rows if caps.logit_rows else None))
         return results
 
     @_guarded
@@ -474,18 +480,25 @@ class BatchedModel:
     def _prepare(self, requests: Sequence[tuple[int, Any]]) -> list[tuple[int, Any]]:
         """Every check of eval, before anything changes: the (slot, batch) pairs."""
         capacity = self._require_slots()
+        pairs = []
         try:
-            pairs = [(slot, tokens) for slot, tokens in requests]
+            for request in requests:
+                request = tuple(request)
+                if len(request) not in (2, 3):
+                    raise TypeError
+                pairs.append((*request, None)[:3])
         except (TypeError, ValueError):
             raise InvalidInputError("slot_requests", "eval takes a sequence of (slot, token "
-                                    "rows) pairs") from None
+                                    "rows) pairs or (slot, token rows, logit_rows) "
+                                    "triples") from None
         if not pairs:
             raise InvalidInputError("slot_requests", "eval needs at least one (slot, tokens) "
                                     "pair")
         seen: set[int] = set()
         batches = []
-        for slot, tokens in pairs:
+        for slot, tokens, rows in pairs:
             slot = self._check_slot(slot)
+            rows = inputs.logit_rows(rows, self.hparams)
             if slot in seen:
                 raise InvalidInputError("slot_duplicate", f"slot {slot} appears twice in one "
                                         "call: each slot's rows must be one contiguous batch")
@@ -503,7 +516,7 @@ class BatchedModel:
                 raise CacheOverflowError("context_length", f"slot {slot}: n_past ({n_past}) + "
                                          f"n_tokens ({len(mat)}) = {n_past + len(mat)} exceeds "
                                          f"context_length={ctx}")
-            batches.append((slot, inputs.make_batch(mat, n_past, self.hparams)))
+            batches.append((slot, inputs.make_batch(mat, n_past, self.hparams, rows)))
         return batches
 
     def _hiddens(self, hiddens: Any) -> np.ndarray:

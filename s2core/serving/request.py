@@ -96,7 +96,7 @@ class Request:
     def after_eval(self, result) -> None:
         """The Slow-AR's result for this request's last row: sample the next main token; the
         request ends at <|im_end|>."""
-        self._logits = result.logits
+        self._logits = self._rule.allowed(result)
         self.hidden = result.hidden_native
         self._main = self._rule.sample_main(self._logits, len(self.frames))
         if self._main == self.config.im_end_id:
@@ -130,6 +130,11 @@ class Request:
         if len(self.frames) == self.config.max_new_tokens:
             self.finish("max_new_tokens")
         return frame
+
+    @property
+    def logit_rows(self):
+        """The token ids whose logits this request's steps need (FrameRule.logit_rows)."""
+        return self._rule.logit_rows
 
     def next_row(self) -> np.ndarray:
         """The row the next step evaluates: [main, codes of the last frame]."""

@@ -211,7 +211,7 @@ class Server:
             st.restored_positions = request.prefix.n_positions
             rest = rest[request.prefix.n_positions:]
         t = time.perf_counter()
-        (result,) = b.eval([(slot, rest)])
+        (result,) = b.eval([(slot, rest, request.logit_rows)])
         st.prefill_s = time.perf_counter() - t
         st.prefilled_positions = len(rest)
         request.after_eval(result)
@@ -245,7 +245,7 @@ class Server:
         if not running:
             return
         t = time.perf_counter()
-        results = self.batched.eval([(r.slot, r.next_row()) for r in running])
+        results = self.batched.eval([(r.slot, r.next_row(), r.logit_rows) for r in running])
         dt = time.perf_counter() - t
         self.step_times.append((len(running), dt))
         for r, result in zip(running, results):
