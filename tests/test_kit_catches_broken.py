@@ -24,6 +24,7 @@ from s2core.kit.batching import BatchingConformance
 from s2core.kit.codec_conformance import CODEC_RULES, CODEC_STATE_KEPT, CodecConformance
 from s2core.kit.rules import (BACKEND_ERRORS, CACHE_BYTES_HOLD, CACHE_DTYPE_HOLDS,
                               COMPUTE_DTYPE_HOLDS, CONCURRENCY, FAST_AR_OWN_HPARAMS, LIFE_CYCLE,
+                              LOGIT_ROWS,
                               OPTIONS_DECLARED, RESULTS_UNCHANGED, RULES, SNAPSHOTS_ARE_COPIES,
                               WEIGHT_BYTES_HOLD, rule_message)
 
@@ -70,6 +71,10 @@ EXPECTED = {
                                    BACKEND_ERRORS),
     # only hidden is shared: the rule compares it, on different inputs per thread
     "broken_global_scratch_hidden": ("threads_never_interleave", CONCURRENCY),
+    # the logit-rows rule (kit_broken_logit_rows.py)
+    "broken_rows_declared_all_returned": ("logit_rows_are_rows_of_the_full_logits", LOGIT_ROWS),
+    "broken_rows_shifted": ("logit_rows_are_rows_of_the_full_logits", LOGIT_ROWS),
+    "broken_slots_take_the_first_rows": ("logit_rows_are_rows_of_the_full_logits", LOGIT_ROWS),
 }
 #: broken backend -> text its failure must also hold (what the user is told)
 DETAIL = {
@@ -80,6 +85,8 @@ DETAIL = {
     "broken_key_error_in_allocate": "CacheAllocationError",
     "broken_index_error_in_eval": "failed in eval_cached(n_past=10, n_tokens=1): IndexError",
     "broken_global_scratch_hidden": "to give the hidden it gives alone",
+    "broken_rows_declared_all_returned": "shape (",
+    "broken_slots_take_the_first_rows": "eval_slots call 0, slot 1",
 }
 CONTROL = "example"
 

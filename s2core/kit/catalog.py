@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from s2core.kit.batching_rules import BATCHING_RULES
 from s2core.kit.codec_conformance import CODEC_RULES
-from s2core.kit.rules import RESULTS_UNCHANGED, RULES
+from s2core.kit.rules import LOGIT_ROWS, RESULTS_UNCHANGED, RULES
 
 MATCHES_REFERENCE = "matches-the-reference"
 SAME_ON_EVERY_PATH = "same-numbers-on-every-path"
@@ -81,6 +81,7 @@ TEST_RULES = {
     "test_stream_equals_generate_and_frees_the_cache": STREAM,
     "test_each_declared_arithmetic_matches_its_reference": ARITHMETIC,
     "test_rule_results_unchanged_after_later_calls": RESULTS_UNCHANGED,
+    "test_logit_rows_of_each_weight_type": LOGIT_ROWS,
     "test_codec_is_declared_by_probe_and_plugin": CODEC_DECLARED,
     **dict.fromkeys(("test_shared_example", "test_decode_matches_reference",
                      "test_both_containers_decode_alike", "test_out_of_range_codes_are_clamped"),

@@ -33,6 +33,7 @@ from s2core.kit.models import CONFIGS, MATRIX, MATRIX_IDS, kit_model, kit_refere
 from s2core.kit.prefix_stream import PrefixAndStreamConformance
 from s2core.kit.declared import DeclaredMemoryRules
 from s2core.kit.faults import BackendErrorRules
+from s2core.kit.logit_rows import LogitRowsRules
 from s2core.kit.rules import ContractRules, ThreadAndLifeCycleRules
 from s2core.kit.tolerances import fast_tolerance, kv_tolerance, output_tolerance
 
@@ -122,7 +123,7 @@ _CASE_IDS = [c[0] for c in _bad_cases(CONFIGS["gqa4"], prompt_and_frames("gqa4")
 
 class BackendConformance(ContractRules, ThreadAndLifeCycleRules, DeclaredMemoryRules,
                          BackendErrorRules, PrefixAndStreamConformance, BatchingConformance,
-                         ArithmeticConformance):
+                         ArithmeticConformance, LogitRowsRules):
     """The whole matrix, the contract's rules (s2core/kit/rules.py, declared.py, faults.py),
     prefix save/restore and
     streaming (s2core/kit/prefix_stream.py), several sequences per call

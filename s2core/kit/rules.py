@@ -44,6 +44,7 @@ LIFE_CYCLE = "close-releases-and-failed-init-keeps-the-cache"
 CACHE_BYTES_HOLD = "declared-kv-cache-bytes-hold"
 WEIGHT_BYTES_HOLD = "declared-weight-holding-holds"
 BACKEND_ERRORS = "backend-failures-reach-users-as-s2core-errors"
+LOGIT_ROWS = "logit-rows-are-rows-of-the-full-logits"
 
 #: rule name -> what it says (the README's list)
 RULES = {
@@ -77,6 +78,11 @@ RULES = {
                       "the call, CacheAllocationError for an allocation, "
                       "BackendOutOfMemoryError for a MemoryError), and the model is as before "
                       "the call: the next call gives what a model that never saw it gives",
+    LOGIT_ROWS: "a call with logit_rows returns the full logits at those ids, bit for bit, "
+                "from eval_cached and from each slot of eval_slots, and changes nothing else "
+                "(hidden and K/V as without); a backend declaring Capabilities.logit_rows "
+                "returns only those rows; ids outside the vocabulary are refused and change "
+                "nothing",
 }
 
 

@@ -100,6 +100,11 @@ def s2core_backends():
         declared_spec("key_error_in_allocate", "KeyErrorInAllocate"),
         declared_spec("index_error_in_eval", "IndexErrorInEval"),
         declared_spec("global_scratch_hidden", "GlobalScratchHidden"),
+        # the logit-rows rule (kit_broken_logit_rows.py)
+        batch_spec("rows_declared_all_returned", "RowsDeclaredAllReturned",
+                   "kit_broken_logit_rows"),
+        batch_spec("rows_shifted", "RowsShifted", "kit_broken_logit_rows"),
+        batch_spec("slots_take_the_first_rows", "SlotsTakeTheFirstRows", "kit_broken_logit_rows"),
         # codecs (kit_broken_codec.py)
         codec_spec("codec_mutates_stream_state", "MutatesStreamState"),
         codec_spec("codec_without_encoder", "NoEncoder", encode=False),
