@@ -173,6 +173,18 @@ class ActivationRounded:
             return x @ self.weight.T
         return self.weight(x)
 
+    def row_window(self, start: int, stop: int, n: int) -> tuple["ActivationRounded", int] | None:
+        """weights.row_window of the weight, rounding activations as before."""
+        if isinstance(self.weight, np.ndarray):  # multiplied by BLAS (weights.row_window)
+            return None
+        window = self.weight.row_window(start, stop, n)
+        if window is None:
+            return None
+        inner, lead = window
+        first = start - lead
+        mins = None if self.mins is None else self.mins[first:first + inner.shape[0]]
+        return ActivationRounded(inner, self.dot_type, mins), lead
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         if isinstance(self.weight, np.ndarray):
             return self.weight[ids].astype(_F32)

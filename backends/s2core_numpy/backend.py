@@ -39,7 +39,7 @@ from .fast_ar import FastDecoder, FastState
 from .layers import embed, run_block
 from .ops import NUMPY_OPS, RowOps
 from .plugin import CACHE_DTYPES, CACHE_NUMPY_DTYPES, numpy_capabilities
-from .weights import (WeightLoader, arithmetic_for, ggml_order_products, linear,
+from .weights import (WeightLoader, arithmetic_for, ggml_order_products, output_logits,
                       numba_kernels_possible)
 
 
@@ -153,7 +153,7 @@ class NumpyBackend(Backend):
             x = run_block(x, blk, s, cos, sin, self._k[i], self._v[i], batch.n_past,
                           i == last, on_workers, self.row_ops)
         hidden = self.row_ops.rms_norm(x[-1], self.norm, s.eps)
-        return hidden, linear(hidden[None], self.embeddings)[0]
+        return hidden, output_logits(hidden[None], self.embeddings, batch.logit_rows)[0]
 
     # ---------------------------------------------------------------- several sequences
     # (slots.py: one cache per slot; every weight read once for all the call's rows)

@@ -170,6 +170,12 @@ class F32Matrix:
         _products(self.w, padded, out)
         return out[:n]
 
+    def row_window(self, start: int, stop: int, n: int) -> tuple["F32Matrix", int] | None:
+        """weights.row_window: rows [start, stop) in place; None from GEMM_ROWS rows (BLAS)."""
+        if n >= GEMM_ROWS:
+            return None
+        return F32Matrix(self.w[start:stop]), 0
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.w[ids].astype(np.float32)
 

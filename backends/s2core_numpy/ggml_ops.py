@@ -739,6 +739,12 @@ class GgmlRows:
         products(self.w, np.ascontiguousarray(x, dtype=_F32), out)
         return out
 
+    def row_window(self, start: int, stop: int, n: int) -> tuple["GgmlRows", int]:
+        """weights.row_window: rows [start, stop) in place (each output's dot is its own)."""
+        window = GgmlRows.__new__(GgmlRows)
+        window.w = self.w[start:stop]
+        return window, 0
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         if self.w.dtype == np.float32:
             return self.w[ids]

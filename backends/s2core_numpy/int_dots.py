@@ -212,6 +212,12 @@ class IntDotMatrix:
             products(self.kind, self.codes, xq, xd, xs, out)
         return out[:, :self.n_out]
 
+    def row_window(self, start: int, stop: int, n: int) -> tuple["IntDotMatrix", int]:
+        """weights.row_window: the whole tiles of ROWS rows holding [start, stop), a view."""
+        t0, t1 = start // ROWS, -(-stop // ROWS)
+        n_out = min(self.n_out, t1 * ROWS) - t0 * ROWS
+        return IntDotMatrix(self.codes[t0:t1], self.qtype, n_out, self.n_in), start - t0 * ROWS
+
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` as float32 (n, in), decoded as gguf dequantizes them."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)

@@ -132,7 +132,7 @@ def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None =
                         native_weight_overhead=(("q8_0", Q8_0_HELD_BYTES / 34),)
                         if numba_kernels else (), codec=numpy_codec_capabilities(),
                         max_batch_sequences=MAX_BATCH_SEQUENCES, shares_kv_prefix=True,
-                        arithmetics=("ggml", "f32"), arithmetic=arithmetic)
+                        arithmetics=("ggml", "f32"), arithmetic=arithmetic, logit_rows=True)
 
 
 def probe() -> Probe:

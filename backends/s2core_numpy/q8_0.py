@@ -172,6 +172,7 @@ class Q8Matrix(TiledMatrix):
     #: Q8_0's four-row kernel widens a code with one conversion: it stays ahead of
     #: decode + sgemm up to about 40 rows of 9728 x 2560 (32 rows: 12 ms against 22)
     gemm_rows = 40
+    tile_arrays = ("codes", "scales")
 
     def __init__(self, codes: np.ndarray, scales: np.ndarray, n_out: int):
         super().__init__(codes, n_out)   # (n_tiles, in, TILE) int8

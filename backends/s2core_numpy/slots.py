@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from s2core.plugin import EvalBatch
+from s2core.plugin import EvalBatch, pick_logit_rows, shared_logit_rows
 
 from .layers import embed, run_block_segments
-from .weights import linear
+from .weights import output_logits
 
 
 def segments_of(batches: list[EvalBatch]) -> list[tuple[int, int, int]]:
@@ -113,5 +113,7 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
                                i == last, lambda j, i=i: cache.prefix(slots[j], i),
                                backend.row_ops)
     hidden = backend.row_ops.rms_norm(x, backend.norm, s.eps)       # one row per item (last_only)
-    logits = linear(hidden, backend.embeddings)
-    return [(hidden[j].copy(), logits[j].copy()) for j in range(len(items))]
+    rows = shared_logit_rows([b.logit_rows for b in batches])  # one read of the rows for all
+    logits = output_logits(hidden, backend.embeddings, rows)
+    return [(hidden[j].copy(), pick_logit_rows(logits[j], rows, b.logit_rows).copy())
+            for j, b in enumerate(batches)]

@@ -25,6 +25,7 @@ Modules that import this one import numba; the backend imports them only when nu
 
 from __future__ import annotations
 
+import copy
 import os
 
 # numba's threads are OpenMP's (GNU libgomp, read when numba starts them). Idle, they spin for
@@ -57,6 +58,8 @@ class TiledMatrix:
 
     #: rows from which a product goes through tile_gemm instead of `_matmul` (see GEMM_ROWS)
     gemm_rows = GEMM_ROWS
+    #: the arrays holding the tiles, tiles outermost (row_window slices each)
+    tile_arrays: tuple[str, ...] = ("codes",)
 
     def __init__(self, codes: np.ndarray, n_out: int, n_in: int | None = None):
         self.codes = codes      # (n_tiles, ...): the type's storage, tiles outermost
@@ -100,6 +103,18 @@ class TiledMatrix:
         else:
             tile_gemm(self, x, out)
         return out if padded == self.n_out else out[:, :self.n_out]
+
+    def row_window(self, start: int, stop: int, n: int) -> tuple["TiledMatrix", int] | None:
+        """weights.row_window: the whole tiles holding rows [start, stop), as views; None
+        from gemm_rows rows, which tile_gemm multiplies through BLAS."""
+        if n >= self.gemm_rows:
+            return None
+        t0, t1 = start // TILE, -(-stop // TILE)
+        window = copy.copy(self)
+        for name in self.tile_arrays:
+            setattr(window, name, getattr(self, name)[t0:t1])
+        window.n_out = min(self.n_out, t1 * TILE) - t0 * TILE
+        return window, start - t0 * TILE
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` as float32 (n, in): a lookup table decodes only what it gathers."""

@@ -2,7 +2,8 @@
 for few-row products, f32_rows.py), or, with numba, in its file type: F16, Q8_0 and the block-quantized types Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1
 (tiled.py, f16.py, q8_0.py, quants.py).
 
-`linear` and `gather` are the only places that care which; everything else sees float32.
+`linear`, `gather` and `row_window` are the only places that care which; everything else sees
+float32.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gguf import GGMLQuantizationType as QT
 from s2core.plugin import NonFiniteScalesWarning, non_finite_scale_blocks
 from s2core.plugin import ModelFile
 
-from s2core.plugin import check_option
+from s2core.plugin import LogitRows, check_option
 
 from .plugin import NUMBA_BLOCK_TYPES, default_arithmetic, numba_available
 
@@ -148,6 +149,33 @@ def linear(x: np.ndarray, w: Weight, on_workers: bool = False) -> np.ndarray:
             return dense_gemm(x, w)
         return x @ w.T
     return w(x)
+
+
+def row_window(w: Weight, start: int, stop: int, n: int) -> tuple[Weight, int] | None:
+    """A weight multiplying rows [start, stop) of w and perhaps a few around them, without a
+    copy (a view of the whole tiles that hold them), and where row `start` lies in its
+    output: (window, lead); each of its output rows has the bits of the whole matrix's
+    product of `n` input rows. None where that product goes through BLAS, whose blocking
+    follows the shape, so that a slice's rows need not match."""
+    if isinstance(w, np.ndarray):
+        return None
+    return w.row_window(start, stop, n)
+
+
+def output_logits(hidden: np.ndarray, w: Weight, rows: LogitRows | None) -> np.ndarray:
+    """hidden (n, dim) times the output matrix: the logits of every row (rows None), or of
+    `rows`' ids only (n, len(rows)), reading only the tiles that hold them."""
+    if rows is None:
+        return linear(hidden, w)
+    windows = [row_window(w, start, stop, hidden.shape[0]) for start, stop in rows.runs]
+    if None in windows:
+        return rows.take(linear(hidden, w))
+    out = np.empty((hidden.shape[0], len(rows)), np.float32)
+    at = 0
+    for (start, stop), (window, lead) in zip(rows.runs, windows):
+        out[:, at:at + stop - start] = linear(hidden, window)[:, lead:lead + stop - start]
+        at += stop - start
+    return out
 
 
 def gather(w: Weight, rows: np.ndarray) -> np.ndarray:
