@@ -102,9 +102,15 @@ class Replica:
             yield message
 
     def describe(self) -> dict[str, Any]:
-        """This replica's name, process and the voices it loaded (for tests and ops)."""
+        """This replica's name, process, the voices it loaded and its BLAS threads (for tests
+        and ops: Ray gives each replica OMP_NUM_THREADS = its num_cpus, and the codec's BLAS
+        products round differently with another thread count, by one in the last bit of a
+        16-bit sample; docs/scale-out.md)."""
+        from threadpoolctl import threadpool_info
+        blas = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
         return {"replica": self.name, "pid": os.getpid(), "voice_loads": dict(self.voice_loads),
-                "voice_computes": dict(self.voice_computes)}
+                "voice_computes": dict(self.voice_computes),
+                "blas_threads": max(blas) if blas else None}
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
