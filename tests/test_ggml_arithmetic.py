@@ -156,7 +156,12 @@ def test_f32_files_give_s2cpps_own_numbers_with_ggml():
     """s2.cpp's own vector (an F32 file): ggml feeds F32 weights float32 activations, so the
     arithmetics differ only in the order of float32 operations. With numba, "ggml" takes the
     order of s2.cpp's AVX2 build (ggml_ops.py): the prefill-and-steps scenario comes out bit
-    for bit, and every scenario at least as close as with "f32"."""
+    for bit, and every scenario at least as close as with "f32".
+
+    "f32" sums in another order, so its hidden and logits are within 1e-5; its K and V go
+    through the f16 cache, where a float32 difference at a rounding boundary is a whole f16
+    step (2^-10 of the value: 1.3e-4 of the largest K on an AMD EPYC, whose BLAS kernels
+    sum in yet another order)."""
     pytest.importorskip("numba")
     from conftest import S2CPP_VECTOR
     from s2cpp_replay import replay, worst
@@ -169,6 +174,9 @@ def test_f32_files_give_s2cpps_own_numbers_with_ggml():
                 errors[arithmetic] = replay(m, S2CPP_VECTOR / name, "prefill_fast")
             finally:
                 m.close()
-        assert worst(errors["ggml"])[1] <= worst(errors["f32"])[1] <= 1e-5, name
+        assert worst(errors["ggml"])[1] <= worst(errors["f32"])[1], name
+        for what, error in errors["f32"].items():
+            cached = what.endswith((" K", " V"))
+            assert error <= (2.0 ** -10 if cached else 1e-5), (name, what, error)
         if name == "s1_prefill_steps":
             assert worst(errors["ggml"])[1] == 0.0, worst(errors["ggml"])

@@ -14,6 +14,7 @@ from s2core.embedded.writer import tiny_hparams
 from s2core.generation.config import GenerationConfig, GenerationStats
 from s2core.generation.frame import FrameRule
 from s2core.kit.prompts import mixed_prompt, semantic_frame
+from s2core.serving.batching import BatchedModel
 
 
 def test_runs_from_unsorted_repeated_ids():
@@ -85,3 +86,23 @@ def test_the_frame_rule_asks_for_the_semantic_ids_and_im_end():
     assert set(semantic) <= set(ids.tolist())
     with pytest.raises(InvalidInputError, match="im_end_id=151645 is not a token"):
         FrameRule(hp, GenerationConfig(), GenerationStats())
+
+
+def test_batched_eval_with_bad_rows_changes_no_slot(tiny_model):
+    hp = tiny_hparams()
+    m = s2core.load(tiny_model, backend="numpy")
+    b = BatchedModel(m)
+    b.init_slots(2, 32)
+    rng = np.random.default_rng(5)
+    b.eval([(0, mixed_prompt(hp, 6, rng)), (1, mixed_prompt(hp, 4, rng))])
+    frame = semantic_frame(hp, rng)
+    with pytest.raises(InvalidInputError, match="logit_rows id -4"):
+        b.eval([(0, frame, [1, 2]), (1, frame, [-4])])
+    with pytest.raises(InvalidInputError, match="triples"):
+        b.eval([(0, frame, None, "extra")])
+    assert [b.n_past(0), b.n_past(1)] == [6, 4]
+    rows = LogitRows.of([1, 2, hp.semantic_begin_id], hp.vocab_size)
+    got = b.eval([(0, frame, rows), (1, frame)])
+    assert got[0].logits.shape == (3,) and got[0].logit_rows == rows
+    assert got[1].logits.shape == (hp.vocab_size,) and got[1].logit_rows is None
+    b.close()
