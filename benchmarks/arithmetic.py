@@ -3,6 +3,10 @@ run, alternated, on the bench's S2 Pro-shaped files (4 layers by default), each 
 read floor (the bytes it must stream at the read bandwidth sampled before and after the type),
 and a 100-position prefill (compute-bound: the two arithmetics against each other).
 
+Steps and frames are timed twice, alternated: over the whole vocabulary ("step", "frame"),
+and as generation runs them, computing only the rows it samples from ("sampled_step",
+"sampled_frame": contract.md, "Logit rows"), each against the bytes it reads.
+
     python benchmarks/arithmetic.py [--types q4_k_m,q6_k,q8_0,f16] [--layers 4] [--steps 15]
     python benchmarks/arithmetic.py --avx2 ...   # the AVX2 code, on an AVX-512 machine
     python benchmarks/arithmetic.py --layers 36 --types q4_k_m --rounds 1   # real size
@@ -32,9 +36,11 @@ import s2core  # noqa: E402
 from s2core.benchmarking.bandwidth import measure_bandwidth
 from s2core.benchmarking.machine import HASWELL, cpu_flags, cpu_model
 from s2core.benchmarking.models import prepare_model
-from s2core.benchmarking.workload import floor_ms
+from s2core.benchmarking.workload import floor_ms, sampled_rows
 from s2core.embedded.writer import s2pro_hparams
 from s2core.kit.prompts import mixed_prompt, semantic_frame
+from s2core.generation.config import GenerationConfig, GenerationStats
+from s2core.generation.frame import FrameRule
 
 
 def cpu_times() -> tuple[float, float]:
@@ -53,9 +59,10 @@ def self_cpu() -> float:
 PREFILL_ROWS = 100
 
 
-def measure(model, steps: int, hp) -> tuple[list[float], list[float], float]:
-    """(step times, frame times, the time of one PREFILL_ROWS-row prefill into an empty
-    cache), seconds."""
+def measure(model, steps: int, hp) -> dict[str, list[float]]:
+    """Seconds of: decode steps over the whole vocabulary ("step") and over the rows
+    generation samples from ("sampled_step", contract.md "Logit rows"), alternated; frames
+    (each step, then the Fast-AR's calls); one PREFILL_ROWS-row prefill into an empty cache."""
     rng = np.random.default_rng(0)
     prompt = mixed_prompt(hp, PREFILL_ROWS, rng)
     for _ in range(2):  # the first touches the weights (page faults of a mapped file)
@@ -64,20 +71,24 @@ def measure(model, steps: int, hp) -> tuple[list[float], list[float], float]:
         model.prefill_fast(prompt)
         prefill = time.perf_counter() - t0
     model.init_kv_cache(512)
-    model.prefill_fast(mixed_prompt(hp, 256, rng))
-    step_times, frame_times = [], []
+    model.prefill_fast(mixed_prompt(hp, 256, rng))  # steps at 256-318 positions
+    rows = FrameRule(hp, GenerationConfig(), GenerationStats()).logit_rows  # generation's
+    assert len(rows) == sampled_rows(hp)
+    times = {"step": [], "frame": [], "sampled_step": [], "sampled_frame": [],
+             "prefill": [prefill]}
     for i in range(steps + 3):
-        frame = semantic_frame(hp, rng)
-        t0 = time.perf_counter()
-        r = model.step(frame)
-        t1 = time.perf_counter()
-        for n in range(1, hp.num_codebooks):
-            model.fast_decode(r.hidden, frame[1:1 + n])
-        t2 = time.perf_counter()
-        if i >= 3:
-            step_times.append(t1 - t0)
-            frame_times.append(t2 - t0)
-    return step_times, frame_times, prefill
+        for kind, asked in (("", None), ("sampled_", rows)):
+            frame = semantic_frame(hp, rng)
+            t0 = time.perf_counter()
+            r = model.step(frame, logit_rows=asked)
+            t1 = time.perf_counter()
+            for n in range(1, hp.num_codebooks):
+                model.fast_decode(r.hidden, frame[1:1 + n])
+            t2 = time.perf_counter()
+            if i >= 3:
+                times[kind + "step"].append(t1 - t0)
+                times[kind + "frame"].append(t2 - t0)
+    return times
 
 
 def main() -> None:
@@ -102,29 +113,29 @@ def main() -> None:
         path = acct.path
         bandwidths = [measure_bandwidth(256, 3).read_gbps]
         models = {a: s2core.load(path, backend="numpy", arithmetic=a) for a in ("f32", "ggml")}
-        times = {a: {"step": [], "frame": [], "prefill": []} for a in models}
+        times = {a: {} for a in models}
         for _ in range(args.rounds):  # alternated, so a busy spell hits both
             for a, m in models.items():
-                s, f, p = measure(m, args.steps, hp)
-                times[a]["step"] += s
-                times[a]["frame"] += f
-                times[a]["prefill"].append(p)
+                for k, v in measure(m, args.steps, hp).items():
+                    times[a].setdefault(k, []).extend(v)
         for m in models.values():
             m.close()
         bandwidths.append(measure_bandwidth(256, 3).read_gbps)
         gbps = statistics.mean(bandwidths)
         row = {a: {k: statistics.median(v) * 1e3 for k, v in t.items()} for a, t in times.items()}
         row["read_gbps_before_after"] = bandwidths
-        row["step_floor_ms"] = floor_ms(acct.step_read_bytes, gbps)
-        row["frame_floor_ms"] = floor_ms(acct.step_read_bytes + acct.fast_frame_read_bytes, gbps)
-        for a in models:
-            row[a]["step_over_floor"] = row[a]["step"] / row["step_floor_ms"]
-            row[a]["frame_over_floor"] = row[a]["frame"] / row["frame_floor_ms"]
-        row["step_read_bytes"] = acct.step_read_bytes
-        row["frame_read_bytes"] = acct.step_read_bytes + acct.fast_frame_read_bytes
+        read = {"step": acct.step_read_bytes, "sampled_step": acct.sampled_step_read_bytes}
+        read["frame"] = read["step"] + acct.fast_frame_read_bytes
+        read["sampled_frame"] = read["sampled_step"] + acct.fast_frame_read_bytes
+        for kind, n_bytes in read.items():
+            row[f"{kind}_read_bytes"] = n_bytes
+            row[f"{kind}_floor_ms"] = floor_ms(n_bytes, gbps)
+            for a in models:
+                row[a][f"{kind}_over_floor"] = row[a][kind] / row[f"{kind}_floor_ms"]
         row["ggml_over_f32_step"] = row["ggml"]["step"] / row["f32"]["step"]
         row["ggml_over_f32_frame"] = row["ggml"]["frame"] / row["f32"]["frame"]
         row["ggml_over_f32_prefill"] = row["ggml"]["prefill"] / row["f32"]["prefill"]
+        row["ggml_over_f32_sampled_step"] = row["ggml"]["sampled_step"] / row["f32"]["sampled_step"]
         results[wt] = row
         print(wt, json.dumps(row), flush=True)
     busy1, total1 = cpu_times()

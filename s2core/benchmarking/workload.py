@@ -53,6 +53,12 @@ def fast_call_tensor_names(hp: Hparams) -> list[str]:
     return names
 
 
+def sampled_rows(hp: Hparams) -> int:
+    """Rows of the output matrix a generation step asks for: the semantic ids and
+    <|im_end|> (s2core/generation/frame.py)."""
+    return min(hp.semantic_end_id, hp.vocab_size - 1) - hp.semantic_begin_id + 2
+
+
 def fast_calls_per_frame(hp: Hparams) -> int:
     """fast_decode calls per generated frame: codes 1..num_codebooks-1 (code 0 is the token)."""
     return hp.num_codebooks - 1
@@ -87,6 +93,9 @@ class ModelAccount:
     file_bytes: int
     weight_bytes: int             # tensors s2core uses (ModelFile.weight_bytes)
     step_read_bytes: int          # file-type bytes a decode step must stream
+    #: ... when it computes only the logits generation samples from (contract.md, "Logit
+    #: rows"): the output matrix's semantic and <|im_end|> rows instead of all of them
+    sampled_step_read_bytes: int
     step_params: int              # parameters in those tensors
     fast_frame_read_bytes: int    # file-type bytes a Fast-AR frame must stream (all its calls)
     fast_calls_per_frame: int
@@ -102,12 +111,15 @@ def account(mf: ModelFile, weight_type: str, prefill_tokens: int) -> ModelAccoun
     step = [mf.info(n) for n in step_tensor_names(hp)]
     fast = [mf.info(n) for n in fast_call_tensor_names(hp)]
     calls = fast_calls_per_frame(hp)
+    output = mf.info("embeddings.weight")
     types: dict[str, int] = {}
     for t in mf.model_tensors():
         types[t.type_name] = types.get(t.type_name, 0) + 1
     return ModelAccount(
         weight_type=weight_type, path=str(mf.path), file_bytes=mf.file_size,
         weight_bytes=mf.weight_bytes, step_read_bytes=sum(t.n_bytes for t in step),
+        sampled_step_read_bytes=sum(t.n_bytes for t in step) - output.n_bytes
+        + output.n_bytes * sampled_rows(hp) // hp.vocab_size,
         step_params=sum(t.n_elements for t in step),
         fast_frame_read_bytes=calls * sum(t.n_bytes for t in fast), fast_calls_per_frame=calls,
         prefill_flops=prefill_flops(hp, prefill_tokens), tensor_types=types)
