@@ -106,3 +106,18 @@ def test_batched_eval_with_bad_rows_changes_no_slot(tiny_model):
     assert got[0].logits.shape == (3,) and got[0].logit_rows == rows
     assert got[1].logits.shape == (hp.vocab_size,) and got[1].logit_rows is None
     b.close()
+
+
+def test_a_well_formed_logit_rows_is_taken_as_it_is(tiny_model):
+    """Each generation step hands the same LogitRows: it is checked by its runs, not sorted
+    again; a hand-built one out of order is sorted and merged."""
+    m = s2core.load(tiny_model, backend="numpy")
+    m.init_kv_cache(16)
+    hp = m.hparams
+    rows = LogitRows.of([1, 2, hp.semantic_begin_id], hp.vocab_size)
+    assert m.prefill(mixed_prompt(hp, 4, np.random.default_rng(1)), logit_rows=rows
+                     ).logit_rows is rows
+    disordered = LogitRows(((5, 7), (1, 3), (3, 4)))
+    got = m.step(semantic_frame(hp, np.random.default_rng(2)), logit_rows=disordered)
+    assert got.logit_rows.runs == ((1, 4), (5, 7))
+    assert got.logits.shape == (5,)

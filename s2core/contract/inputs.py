@@ -213,8 +213,20 @@ def logit_rows(value: Any, hp: Hparams) -> LogitRows | None:
     a sequence of token ids."""
     if value is None:
         return None
-    # a LogitRows is checked like any ids: one built by hand may hold runs out of order
+    if isinstance(value, LogitRows) and _well_formed(value.runs, hp.vocab_size):
+        return value  # each step of a generation hands the same one: no re-sorting its ids
+    # any other ids, or a LogitRows built by hand with runs out of order, sorted and checked
     return LogitRows.of(value.ids if isinstance(value, LogitRows) else value, hp.vocab_size)
+
+
+def _well_formed(runs: tuple[tuple[int, int], ...], vocab_size: int) -> bool:
+    """Runs as LogitRows.of makes them: ascending, apart, non-empty, inside the vocabulary."""
+    at = -1
+    for start, stop in runs:
+        if not at < start < stop <= vocab_size:
+            return False
+        at = stop
+    return bool(runs)
 
 
 def batch_for_backend(batch: EvalBatch, caps: Any) -> EvalBatch:
