@@ -21,7 +21,7 @@ from s2core.benchmarking.machine import HASWELL  # noqa: E402
 from s2core.embedded.kquants import quantize_k  # noqa: E402
 from s2core.kit.ggml_arithmetic import ggml_product  # noqa: E402
 
-from s2core_numpy import int_dots, simd  # noqa: E402
+from s2core_numpy import act_quant, int_dots, simd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TYPES = sorted(int_dots.TYPES)
@@ -61,6 +61,14 @@ def test_products_are_ggmls_and_batched_rows_equal_single_rows(qtype):
     assert np.abs(batched - ref).max() <= 2e-6 * np.abs(ref).max()
     for r in range(x.shape[0]):
         assert np.array_equal(m(x[r:r + 1])[0], batched[r]), r
+    # exactly BLOCK rows, through the block kernel and one row a call (simd.LONE_BLOCK)
+    xq, xd, xs = act_quant.quantize(m.dot_type, x[:simd.BLOCK])
+    ways = []
+    for lone in (True, False):
+        out = np.empty((simd.BLOCK, m.codes.shape[0] * simd.ROWS), np.float32)
+        simd.products(m.kind, m.codes, xq, xd, xs, out, lone)
+        ways.append(out[:, :40])
+    assert np.array_equal(ways[0], ways[1]) and np.array_equal(ways[0], batched[:simd.BLOCK])
 
 
 @needs_integer_kernels

@@ -35,7 +35,7 @@ from numba import njit, prange
 from . import act_quant, amx
 from .f16 import _widen
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q8_0_HEADER, Q8_0_KIND, ROWS,
-                   SIGNED_FLIP, isa, products)
+                   LONE_BLOCK, SIGNED_FLIP, isa, products)
 
 #: per type: (file bytes per 256 inputs of a row, header bytes of a tile-block)
 _GEOMETRY = {QT.Q8_0: (8 * 34, Q8_0_HEADER), QT.Q4_K: (144, Q4_K_HEADER),
@@ -209,7 +209,7 @@ class IntDotMatrix:
         if x.shape[0] >= amx.MIN_ROWS.get(self.kind, 1 << 62) and amx.available():
             amx.products(self.kind, self.codes, xq, xd, xs, out)  # the same bits, faster here
         else:
-            products(self.kind, self.codes, xq, xd, xs, out)
+            products(self.kind, self.codes, xq, xd, xs, out, LONE_BLOCK)
         return out[:, :self.n_out]
 
     def row_window(self, start: int, stop: int, n: int) -> tuple["IntDotMatrix", int]:

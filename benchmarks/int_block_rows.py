@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""The VNNI/AVX2 integer kernels with a chunk of exactly BLOCK rows taken by the BLOCK-row
+kernel ("block") against one row a call ("rows"), alternated, streaming from memory.
+
+    python benchmarks/int_block_rows.py [--types Q8_0,Q4_K,Q6_K] [--rows 4,6,8] [--matrices 40]
+
+simd.products takes BLOCK (4) activation rows a kernel call, sharing each weight load, while
+as many remain. With exactly BLOCK rows each 256 inputs' call follows the previous one on the
+same accumulators; on AMD's Zen that ran slower than one row a call, so simd.LONE_BLOCK turns
+it off there (simd.lone_block). For each type, `--matrices` copies of one 9728 x 2560 matrix
+of random valid blocks (S2 Pro's FFN shape; 40 copies pass any L3) are multiplied in turn by
+each row count both ways: the mean per product, median of `--reps`, and block / rows. Past
+BLOCK rows both ways take the block kernel (another call comes between), so 6 and 8 rows are
+the control: their ratio is the noise. Both give the same bits (tests/test_int_dots.py). Writes benchmarks/results/int-block-rows-<date>-
+<time>.json with the CPU model, flags and numba's target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import numpy as np  # noqa: E402
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from s2core.benchmarking.machine import cpu_flags, cpu_model  # noqa: E402
+from s2core.kit.blocks import random_blocks  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--types", default="Q8_0,Q4_K,Q6_K")
+    parser.add_argument("--rows", default="4,6,8")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--matrices", type=int, default=40)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+
+    from s2core_numpy import act_quant, simd
+    from s2core_numpy.int_dots import IntDotMatrix
+    if not simd.isa():
+        sys.exit("no integer kernels here: numba's target has neither AVX2 nor AVX-512 VNNI")
+    rng = np.random.default_rng(0)
+    results = {}
+    for name in args.types.split(","):
+        qt = QT[name]
+        per_block = 32 if qt == QT.Q8_0 else 256
+        raw = random_blocks(qt, 9728, 2560 // per_block, 3)
+        mats = [IntDotMatrix.from_raw(raw, qt) for _ in range(args.matrices)]
+        m = mats[0]
+        rows_out = []
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = rng.standard_normal((rows, 2560)).astype(np.float32)
+            xq, xd, xs = act_quant.quantize(m.dot_type, x)
+            out = np.empty((rows, m.codes.shape[0] * 16), np.float32)
+            times = {"block": [], "rows": []}
+            for lone in (True, False):  # compile and warm
+                simd.products(m.kind, m.codes, xq, xd, xs, out, lone)
+            for rep in range(args.reps):
+                order = (("block", True), ("rows", False))
+                for key, lone in order if rep % 2 else order[::-1]:
+                    t = time.perf_counter()
+                    for each in mats:
+                        simd.products(each.kind, each.codes, xq, xd, xs, out, lone)
+                    times[key].append((time.perf_counter() - t) / len(mats))
+            row = {"rows": rows, **{f"{k}_ms": statistics.median(v) * 1e3
+                                    for k, v in times.items()}}
+            row["block_over_rows"] = row["block_ms"] / row["rows_ms"]
+            rows_out.append(row)
+            print(name, json.dumps(row), flush=True)
+        results[name] = rows_out
+    report = {"results": results, "matrices": args.matrices, "cpu_model": cpu_model(),
+              "cpu_flags": cpu_flags(), "numba_target": simd.target_cpu(), "isa": simd.isa(),
+              "lone_block": simd.LONE_BLOCK}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"int-block-rows-{time.strftime('%Y%m%d-%H%M')}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
