@@ -84,7 +84,7 @@ def test_the_frame_rule_asks_for_the_semantic_ids_and_im_end():
     semantic = list(range(hp.semantic_begin_id, hp.semantic_end_id + 1))
     assert sorted(set(ids.tolist()) - set(semantic)) == [end]
     assert set(semantic) <= set(ids.tolist())
-    with pytest.raises(InvalidInputError, match="im_end_id=151645 is not a token"):
+    with pytest.raises(InvalidInputError, match="im_end_id 151645 is outside the vocab"):
         FrameRule(hp, GenerationConfig(), GenerationStats())
 
 

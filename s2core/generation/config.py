@@ -83,6 +83,12 @@ class GenerationConfig:
             raise InvalidInputError("code_sampling", f"code_sampling must be a Sampling or None, "
                                     f"got {type(self.code_sampling).__name__}")
 
+    def check_for(self, vocab_size: int) -> None:
+        """What only the model can tell: im_end_id is one of its tokens."""
+        if self.im_end_id >= vocab_size:
+            raise InvalidInputError("im_end_id", f"im_end_id {self.im_end_id} is outside the "
+                                    f"vocab [0, {vocab_size})")
+
     @property
     def main(self) -> Sampling:
         return Sampling(self.temperature, self.top_p, self.top_k)

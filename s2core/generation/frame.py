@@ -20,7 +20,6 @@ import numpy as np
 
 from s2core.generation.config import GenerationConfig, GenerationStats, Sampling
 from s2core.contract.inputs import LogitRows, pick_logit_rows
-from s2core.errors import InvalidInputError
 from s2core.generation.sampling import candidates, draw
 
 
@@ -32,9 +31,6 @@ class _MainSampler:
     their logits are needed: `rows`, which the steps ask the model for (LogitRows)."""
 
     def __init__(self, hp, im_end_id: int):
-        if not 0 <= im_end_id < hp.vocab_size:
-            raise InvalidInputError("im_end_id", f"im_end_id={im_end_id} is not a token of this "
-                                    f"model's vocabulary [0, {hp.vocab_size})")
         last = min(hp.semantic_end_id, hp.vocab_size - 1)
         semantic = np.arange(hp.semantic_begin_id, last + 1, dtype=np.int64)
         self.with_end = np.union1d(semantic, [im_end_id]).astype(np.int64)
@@ -70,6 +66,7 @@ class FrameRule:
         self._config = config
         self._stats = stats
         self._rng = np.random.default_rng(config.seed)
+        config.check_for(hp.vocab_size)
         self._main_sampler = _MainSampler(hp, config.im_end_id)
         self._window: list[int] = []
 

@@ -53,9 +53,7 @@ def check_prompt(model: SlowARModel, prompt: Any, config: GenerationConfig,
     if prompt is None:
         raise InvalidInputError("prompt", "prompt is None; pass token rows (n, num_codebooks + "
                                 "1), e.g. from s2core.prompt.build_prompt")
-    if config.im_end_id >= hp.vocab_size:
-        raise InvalidInputError("im_end_id", f"im_end_id {config.im_end_id} is outside the "
-                                f"vocab [0, {hp.vocab_size})")
+    config.check_for(hp.vocab_size)
     mat = inputs.token_matrix(prompt, None, hp)
     capacity = len(mat) + config.max_new_tokens
     if capacity > hp.context_length:
