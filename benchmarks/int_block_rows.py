@@ -12,13 +12,15 @@ of random valid blocks (S2 Pro's FFN shape; 40 copies pass any L3) are multiplie
 each row count both ways: the mean per product, median of `--reps`, and block / rows. Past
 BLOCK rows both ways take the block kernel (another call comes between), so 6 and 8 rows are
 the control: their ratio is the noise. Both give the same bits (tests/test_int_dots.py). Writes benchmarks/results/int-block-rows-<date>-
-<time>.json with the CPU model, flags and numba's target.
+<time>.json with the CPU model, flags, the host CPU's LLVM name and NUMBA_CPU_NAME (set it
+and NUMBA_CPU_FEATURES to HASWELL's to measure the AVX2 build).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -79,7 +81,8 @@ def main() -> None:
             print(name, json.dumps(row), flush=True)
         results[name] = rows_out
     report = {"results": results, "matrices": args.matrices, "cpu_model": cpu_model(),
-              "cpu_flags": cpu_flags(), "numba_target": simd.target_cpu(), "isa": simd.isa(),
+              "cpu_flags": cpu_flags(), "host_cpu": simd.host_cpu(), "isa": simd.isa(),
+              "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
               "lone_block": simd.LONE_BLOCK}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

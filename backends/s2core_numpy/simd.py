@@ -515,20 +515,20 @@ BLOCK = BLOCK_ROWS[isa()]
 
 
 @lru_cache(maxsize=None)
-def target_cpu() -> str:
-    """The CPU numba compiles for, in LLVM's name ("znver4", "sapphirerapids", "haswell")."""
-    from numba.core import config
+def host_cpu() -> str:
+    """The CPU this runs on, in LLVM's name ("znver5", "sapphirerapids"), whatever numba
+    compiles for (NUMBA_CPU_NAME=haswell on a Zen still runs on a Zen)."""
     from llvmlite import binding
-    return str(config.CPU_NAME or binding.get_host_cpu_name())
+    return str(binding.get_host_cpu_name())
 
 
 def lone_block() -> bool:
     """Whether a chunk of exactly BLOCK rows takes the BLOCK-row kernel: not on AMD's Zen.
     There each 256 inputs' call then follows the previous one on the same accumulators, and
-    streaming products ran 1.3-3x slower than one row a call (Zen 5, 4 rows of a 36-layer
-    q4_k_m file's matrices, alternated: Q4_K 1.15-1.69x, Q6_K 1.58-2.96x, Q8_0 1.32x), while
-    6 and 8 rows, where another call comes between, gained 0.68-1.00x from the block."""
-    return not target_cpu().startswith("znver")
+    streaming products ran slower than one row a call (Zen 5, benchmarks/int_block_rows.py,
+    alternated: VNNI Q8_0 1.89x, Q4_K 1.75x, Q6_K 2.96x; the AVX2 build 1.46x, 1.03x, 1.37x),
+    while 6 and 8 rows, where another call comes between, gained 0.68-1.00x from the block."""
+    return not host_cpu().startswith("znver")
 
 
 LONE_BLOCK = lone_block()
