@@ -265,19 +265,18 @@ class BatchedModel:
         token ids only (SlowARModel.prefill says how)."""
         batches = self._prepare(requests)
         caps = self.model.capabilities
+        computed = [inputs.batch_for_backend(b, caps) for _, b in batches]
         with self._calling(f"eval_slots({len(batches)} slots)"):
-            outs = self.backend.eval_slots([(slot, inputs.batch_for_backend(b, caps))
-                                            for slot, b in batches])
+            outs = self.backend.eval_slots([(slot, c) for (slot, _), c in zip(batches, computed)])
         if len(outs) != len(batches):
             raise S2CoreError(f"backend {self.backend.name!r}: eval_slots returned "
                               f"{len(outs)} results for {len(batches)} slots")
         results = []
-        for (slot, batch), (hidden, logits) in zip(batches, outs):  # only after success
+        for (slot, batch), c, (hidden, logits) in zip(batches, computed, outs):  # after success
             self._n_past[slot] += batch.n_tokens
             self._rows[slot].append(inputs.batch_rows(batch, self.hparams))
             results.append(Result(hidden, logits, batch.n_tokens, self.backend,
-                                  batch.logit_rows,
-                                  batch.logit_rows if caps.logit_rows else None))
+                                  batch.logit_rows, c.logit_rows))
         return results
 
     @_guarded
