@@ -7,7 +7,7 @@
 For each type, one 9728 x 2560 matrix (S2 Pro's FFN shape) of random valid blocks, packed as
 the NumPy backend packs it, is multiplied by 1, 2, 4, ... activation rows with the VNNI
 kernels (simd.products) and with the tile units (amx.products), alternated: the median of
-`--reps` each, and each as a multiple of the VNNI kernels' one-row product. Both give the same
+`--reps` each, and each as a multiple of the VNNI kernels' one-row product (the shared timing: benchmarks/kernel_rows.py). Both give the same
 bits (tests/test_amx.py); this measures which is faster at each row count, which is what
 amx.MIN_ROWS encodes. The 480 MB L3 of the machine it was written on holds one matrix: those
 are compute times. `--matrices N` packs N copies and multiplies them in turn (a time is then
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,9 +31,9 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
 
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
+from kernel_rows import alternated_ms, kernel_args, packed_copies  # noqa: E402
 
 from s2core.benchmarking.machine import cpu_flags, cpu_model  # noqa: E402
-from s2core.kit.blocks import random_blocks  # noqa: E402
 
 
 def main() -> None:
@@ -46,37 +45,18 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
-    from s2core_numpy import act_quant, amx, simd
-    from s2core_numpy.int_dots import IntDotMatrix
+    from s2core_numpy import amx, simd
     if not amx.available():
         sys.exit(f"no AMX here: {amx.unavailable_reason()}")
     rng = np.random.default_rng(0)
+    kernels = {"vnni": lambda *a: simd.products(*a, simd.LONE_BLOCK), "amx": amx.products}
     results = {}
     for name in args.types.split(","):
-        qt = QT[name]
-        per_block = 32 if qt == QT.Q8_0 else 256
-        raw = random_blocks(qt, 9728, 2560 // per_block, 3)
-        mats = [IntDotMatrix.from_raw(raw, qt) for _ in range(args.matrices)]
-        m = mats[0]
+        mats = packed_copies(name, args.matrices)
         rows_out, one = [], None
         for rows in (int(r) for r in args.rows.split(",")):
-            x = rng.standard_normal((rows, 2560)).astype(np.float32)
-            xq, xd, xs = act_quant.quantize(m.dot_type, x)
-            out = np.empty((rows, m.codes.shape[0] * 16), np.float32)
-            kernels = {"vnni": lambda *a: simd.products(*a, simd.LONE_BLOCK),
-                       "amx": amx.products}
-            times = {k: [] for k in kernels}
-            for f in kernels.values():  # compile and warm
-                f(m.kind, m.codes, xq, xd, xs, out)
-            for _ in range(args.reps):
-                for k, f in kernels.items():
-                    t = time.perf_counter()
-                    for each in mats:
-                        f(each.kind, each.codes, xq, xd, xs, out)
-                    times[k].append((time.perf_counter() - t) / len(mats))
-            row = {"rows": rows}
-            for k in kernels:
-                row[f"{k}_ms"] = statistics.median(times[k]) * 1e3
+            ms = alternated_ms(kernels, mats, kernel_args(mats[0], rows, rng), args.reps)
+            row = {"rows": rows, **{f"{k}_ms": v for k, v in ms.items()}}
             one = one or row["vnni_ms"]
             row.update(vnni_x_one_row=row["vnni_ms"] / one, amx_x_one_row=row["amx_ms"] / one,
                        amx_over_vnni=row["amx_ms"] / row["vnni_ms"])

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,10 +31,9 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from gguf import GGMLQuantizationType as QT  # noqa: E402
+from kernel_rows import alternated_ms, kernel_args, packed_copies  # noqa: E402
 
 from s2core.benchmarking.machine import cpu_flags, cpu_model  # noqa: E402
-from s2core.kit.blocks import random_blocks  # noqa: E402
 
 
 def main() -> None:
@@ -47,35 +45,19 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
 
-    from s2core_numpy import act_quant, simd
-    from s2core_numpy.int_dots import IntDotMatrix
+    from s2core_numpy import simd
     if not simd.isa():
         sys.exit("no integer kernels here: numba's target has neither AVX2 nor AVX-512 VNNI")
     rng = np.random.default_rng(0)
+    kernels = {"block": lambda *a: simd.products(*a, True),
+               "rows": lambda *a: simd.products(*a, False)}
     results = {}
     for name in args.types.split(","):
-        qt = QT[name]
-        per_block = 32 if qt == QT.Q8_0 else 256
-        raw = random_blocks(qt, 9728, 2560 // per_block, 3)
-        mats = [IntDotMatrix.from_raw(raw, qt) for _ in range(args.matrices)]
-        m = mats[0]
+        mats = packed_copies(name, args.matrices)
         rows_out = []
         for rows in (int(r) for r in args.rows.split(",")):
-            x = rng.standard_normal((rows, 2560)).astype(np.float32)
-            xq, xd, xs = act_quant.quantize(m.dot_type, x)
-            out = np.empty((rows, m.codes.shape[0] * 16), np.float32)
-            times = {"block": [], "rows": []}
-            for lone in (True, False):  # compile and warm
-                simd.products(m.kind, m.codes, xq, xd, xs, out, lone)
-            for rep in range(args.reps):
-                order = (("block", True), ("rows", False))
-                for key, lone in order if rep % 2 else order[::-1]:
-                    t = time.perf_counter()
-                    for each in mats:
-                        simd.products(each.kind, each.codes, xq, xd, xs, out, lone)
-                    times[key].append((time.perf_counter() - t) / len(mats))
-            row = {"rows": rows, **{f"{k}_ms": statistics.median(v) * 1e3
-                                    for k, v in times.items()}}
+            ms = alternated_ms(kernels, mats, kernel_args(mats[0], rows, rng), args.reps)
+            row = {"rows": rows, **{f"{k}_ms": v for k, v in ms.items()}}
             row["block_over_rows"] = row["block_ms"] / row["rows_ms"]
             rows_out.append(row)
             print(name, json.dumps(row), flush=True)

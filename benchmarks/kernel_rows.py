@@ -1,0 +1,55 @@
+"""What benchmarks/amx_rows.py and benchmarks/int_block_rows.py share: copies of one
+9728 x 2560 matrix (S2 Pro's FFN shape) of random valid blocks, packed as the NumPy backend
+packs them for its integer kernels, the quantized activation rows they take, and the time of
+each of several kernels over all copies, alternated. Import it after the scripts have put
+the repository on sys.path."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from s2core.kit.blocks import random_blocks
+
+SHAPE = (9728, 2560)
+
+
+def packed_copies(name: str, copies: int) -> list:
+    """`copies` IntDotMatrix of one matrix of type `name` ("Q8_0", "Q4_K", "Q6_K")."""
+    from s2core_numpy.int_dots import IntDotMatrix
+    qt = QT[name]
+    per_block = 32 if qt == QT.Q8_0 else 256
+    raw = random_blocks(qt, SHAPE[0], SHAPE[1] // per_block, 3)
+    return [IntDotMatrix.from_raw(raw, qt) for _ in range(copies)]
+
+
+def kernel_args(m, rows: int, rng: np.random.Generator) -> tuple:
+    """(xq, xd, xs, out) for `rows` random activation rows of m: a kernel's arguments after
+    (kind, codes)."""
+    from s2core_numpy import act_quant
+    x = rng.standard_normal((rows, SHAPE[1])).astype(np.float32)
+    xq, xd, xs = act_quant.quantize(m.dot_type, x)
+    return xq, xd, xs, np.empty((rows, m.codes.shape[0] * 16), np.float32)
+
+
+def alternated_ms(kernels: dict[str, Callable], mats: list, args: tuple, reps: int
+                  ) -> dict[str, float]:
+    """Median over `reps` of each kernel's mean time per product (ms) over `mats`, each
+    kernel `f(kind, codes, *args)`: warmed (compiled) first, then run in turn, the order
+    reversed every other repetition so that a drift of the machine hits them alike."""
+    m = mats[0]
+    for f in kernels.values():
+        f(m.kind, m.codes, *args)
+    times: dict[str, list[float]] = {k: [] for k in kernels}
+    order = list(kernels.items())
+    for rep in range(reps):
+        for key, f in order if rep % 2 == 0 else order[::-1]:
+            t = time.perf_counter()
+            for each in mats:
+                f(each.kind, each.codes, *args)
+            times[key].append((time.perf_counter() - t) / len(mats))
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
