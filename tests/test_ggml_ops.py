@@ -47,11 +47,15 @@ def ggml_dot(x: np.ndarray, y: np.ndarray) -> F32:
 
 
 @pytest.mark.parametrize("weights", ["f16", "f32"])
-@pytest.mark.parametrize("n", [20, 32, 40, 45, 77, 128, 131])
+@pytest.mark.parametrize("n", [20, 32, 40, 45, 77, 128, 131, 4173])
 def test_products_sum_in_ggmls_order(n, weights):
     """Each output is ggml's sum of its row (F16: leftovers in double, as ggml_vec_dot_f16;
     F32: in float, as ggml_vec_dot_f32), and a row's outputs are the same bits alone or
-    beside others (7 rows: blocks of 4, 2 and 1 rows; 37 outputs: an odd last pair)."""
+    beside others (7 rows: blocks of 4, 2 and 1 rows; 37 outputs: an odd last pair). 4173
+    inputs take several passes for every block of rows (ggml_ops.X_PASS_BYTES): the lanes
+    carried from pass to pass give one pass's numbers."""
+    if n > 1000:
+        assert all(ggml_ops._pass_length(rows, n & ~31) < (n & ~31) for rows in (1, 2, 4))
     rng = np.random.default_rng(n)
     w = half_values(rng, 37, n)
     x = half_values(rng, 7, n)
@@ -247,3 +251,28 @@ def test_other_targets_compute_the_same_bits(tmp_path, cpu):
                 norm=ggml_ops.rms_norm(x, x[0], F32(1e-6)))
     for name, value in want.items():
         assert np.array_equal(got[name], value), name
+
+
+def test_activations_rounded_to_half_as_numpy_rounds_them():
+    """f16.round_to_half (the CPU's conversion, GgmlRows' activation rounding) gives
+    numpy's float16 cast on every kind of float32: ties to even at each exponent, float16's
+    subnormals and their underflow to zero, overflow to infinity, infinities; a NaN stays a
+    NaN (its payload bits are the conversion's own)."""
+    from s2core_numpy.f16 import round_to_half
+    rng = np.random.default_rng(5)
+    bits = [rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32)]
+    halves = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    exact = halves[np.isfinite(halves)].astype(F32)
+    up = np.nextafter(exact[:-1], exact[1:])           # half way and around it, both signs
+    bits += [v.view(np.uint32) for v in (exact, (exact[:-1] + exact[1:]) / 2, up,
+                                         np.nextafter(exact, F32(np.inf)))]
+    bits.append(np.array([0x7F800000, 0xFF800000, 0x477FF000, 0x477FEFFF, 0x477FF001,
+                          0x33000000, 0x33000001, 0x32FFFFFF, 0x80000001], np.uint32))
+    x = np.concatenate(bits).view(F32)
+    x = x[: x.size // 7 * 7].reshape(7, -1)  # rows, as the products pass them
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).astype(F32)
+    got = round_to_half(x)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))

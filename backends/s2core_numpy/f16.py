@@ -18,6 +18,8 @@ here) now; four rows at once went from 4.3 to 3.6 ms (medians, matrices in memor
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -87,6 +89,7 @@ def widen_any(h):
     return as_float32(bits) * _UNSCALE
 
 
+@functools.cache
 def target_converts_half() -> bool:
     """Whether the CPU numba compiles for converts float16 in hardware: x86's F16C (every
     AVX2 CPU has it) or any AArch64. There LLVM turns a half-to-float extension into one
@@ -137,6 +140,40 @@ def widen_half(typingctx, h):
         return context.compile_internal(builder, lambda x: widen_any(x), signature, args)
 
     return types.float32(h), codegen
+
+
+@intrinsic
+def _through_half(typingctx, value):
+    """A float32 rounded to the nearest float16 (ties to even, too large to infinity) and
+    widened back: one conversion each way, vectorized by LLVM (F16C's vcvtps2ph and vcvtph2ps,
+    or AArch64's fcvtn and fcvtl). Only where target_converts_half(): elsewhere LLVM would
+    call a runtime function that numba does not link."""
+    if not (isinstance(value, types.Float) and value.bitwidth == 32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(value), codegen
+
+
+@njit(cache=True)
+def _round_to_half(flat, out):
+    for i in range(flat.shape[0]):
+        out[i] = _through_half(flat[i])
+
+
+def round_to_half(x: np.ndarray) -> np.ndarray:
+    """x as float32 rounded to float16's values: numpy's x.astype(float16).astype(float32),
+    the same numbers, in the CPU's conversion instructions where numba's target has them.
+    numpy converts one value at a time (~4.7 ns a value on a Zen 4), which cost an 8-row F16
+    product of 9728 inputs 0.4 ms against its 3.6 ms; the instructions take ~0.1 ns."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not target_converts_half():
+        return x.astype(np.float16).astype(np.float32)
+    out = np.empty_like(x)
+    _round_to_half(x.reshape(-1), out.reshape(-1))
+    return out
 
 
 def value_f32(x):

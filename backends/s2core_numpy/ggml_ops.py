@@ -57,7 +57,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .attention import kernel_block, vector_shape
-from .f16 import as_float32, value_f32, widen_half, widen_half_lanes
+from .f16 import as_float32, round_to_half, value_f32, widen_half, widen_half_lanes
 from .ops import Keys, RowOps
 from .prefetch import emit_prefetch
 from .stack import stack_array
@@ -542,47 +542,54 @@ OUTPUT_BLOCK = 16
 
 
 def _block_dots(n_rows: int, n_outputs: int):
-    """An intrinsic (acc, w, w_at, w_step, x, x_at, x_step, whole, ahead) -> None: the
-    LANES-lane products of `n_outputs` weight rows (from flat w_at, w_at + w_step, ...) with
-    `n_rows` activation rows (from flat x_at, x_at + x_step, ...) over their first `whole`
-    elements, into acc[(r * n_outputs + k) * LANES + l] (each lane's multiply-adds in element
-    order, as fma_lanes makes them). One loop whose accumulators stay in registers, each
-    weight vector widened once for all the rows: the rows are what a widening is shared by,
-    so a block of R rows costs (4 + 2R) AVX-512 operations per 32 R products a weight row
-    (AVX2: half). Each weight line read asks for the one `ahead` elements on (prefetch.py;
-    products passes the next pair of rows: 4-layer f16 frames 2.64 -> 3.07 a second alone,
-    8.08 -> 9.21 with four sequences)."""
+    """An intrinsic (acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop, ahead) ->
+    None: the LANES-lane products of `n_outputs` weight rows (from flat w_at, w_at + w_step,
+    ...) with `n_rows` activation rows (from flat x_at, x_at + x_step, ...) over their elements
+    [start, stop), added on to the lanes already in acc[acc_at + (r * n_outputs + k) * LANES
+    + l] (each lane's multiply-adds in element order, as fma_lanes makes them, so a product
+    taken in several calls over consecutive ranges is the product taken in one). One loop
+    whose accumulators stay in registers, each weight vector widened once for all the rows:
+    the rows are what a widening is shared by, so a block of R rows costs (4 + 2R) AVX-512
+    operations per 32 R products a weight row (AVX2: half). Each weight line read asks for
+    the one `ahead` elements on (prefetch.py; products passes the next call's rows: 4-layer
+    f16 frames 2.64 -> 3.07 a second alone, 8.08 -> 9.21 with four sequences), into L2: a
+    single row's next call is four rows of 5-19 KB ahead, which L1 (32 KB on a Zen 4) does
+    not keep until they are read. On a Zen 4, one row of a 9728 x 2560 F16 matrix streamed
+    at 1.15-1.76x the tiled kernel's time (f16.py) asking into L1 and 1.09-1.14x into L2."""
 
     @intrinsic
-    def block_dots(typingctx, acc, w, w_at, w_step, x, x_at, x_step, whole, ahead):
+    def block_dots(typingctx, acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop,
+                   ahead):
         if not (_is_1d(acc, types.float32) and _is_1d(w, types.float32, types.int16)
                 and _is_1d(x, types.float32)):
             return None
-        sig = types.void(acc, w, types.intp, types.intp, x, types.intp, types.intp, types.intp,
-                         types.intp)
+        sig = types.void(acc, types.intp, w, types.intp, types.intp, x, types.intp,
+                         types.intp, types.intp, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
-            acc_v, w_v, w_at, w_step, x_v, x_at, x_step, n, ahead = args
-            acc_t, w_t, x_t = signature.args[0], signature.args[1], signature.args[4]
+            acc_v, acc_at, w_v, w_at, w_step, x_v, x_at, x_step, start, n, ahead = args
+            acc_t, w_t, x_t = signature.args[0], signature.args[2], signature.args[5]
             intp = w_at.type
-            vector = ir.VectorType(ir.FloatType(), LANES)
-            zero = ir.Constant(vector, [0.0] * LANES)
+            slots = [_lanes_pointer(context, builder, acc_t, acc_v,
+                                    builder.add(acc_at, ir.Constant(intp, i * LANES)))
+                     for i in range(n_rows * n_outputs)]
+            initial = [builder.load(slot, align=4) for slot in slots]
             entry = builder.basic_block
             loop = builder.append_basic_block("block_dots.loop")
             done = builder.append_basic_block("block_dots.done")
-            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(intp, 0)), loop, done)
+            builder.cbranch(builder.icmp_signed("<", start, n), loop, done)
 
             builder.position_at_end(loop)
             b = builder.phi(intp)
-            b.add_incoming(ir.Constant(intp, 0), entry)
-            accs = [builder.phi(vector) for _ in range(n_rows * n_outputs)]
-            for a in accs:
-                a.add_incoming(zero, entry)
+            b.add_incoming(start, entry)
+            accs = [builder.phi(value.type) for value in initial]
+            for a, value in zip(accs, initial):
+                a.add_incoming(value, entry)
             w_ats = [builder.add(builder.add(w_at, builder.mul(w_step, ir.Constant(intp, k))), b)
                      for k in range(n_outputs)]
             for at in w_ats:
                 emit_prefetch(builder, _lanes_pointer(context, builder, w_t, w_v,
-                                                      builder.add(at, ahead)))
+                                                      builder.add(at, ahead)), locality=2)
             ws = [_load_lanes(context, builder, w_t, w_v, at) for at in w_ats]
             new = []
             for r in range(n_rows):
@@ -598,13 +605,12 @@ def _block_dots(n_rows: int, n_outputs: int):
             builder.cbranch(builder.icmp_signed("<", b_next, n), loop, done)
 
             builder.position_at_end(done)
-            finals = [builder.phi(vector) for _ in new]  # every phi heads its block
-            for final, v in zip(finals, new):
-                final.add_incoming(zero, entry)
+            finals = [builder.phi(v.type) for v in new]  # every phi heads its block
+            for final, value, v in zip(finals, initial, new):
+                final.add_incoming(value, entry)
                 final.add_incoming(v, body_end)
-            for i, final in enumerate(finals):
-                at = context.get_constant(types.intp, i * LANES)
-                builder.store(final, _lanes_pointer(context, builder, acc_t, acc_v, at), align=4)
+            for final, slot in zip(finals, slots):
+                builder.store(final, slot, align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -662,72 +668,111 @@ def _block_shapes() -> tuple[int, dict, bool]:
 #: activation rows one block_dots call takes at most, per block size its outputs, and whether
 #: a single row takes four
 ROW_BLOCK, _OUTPUTS, _ONE_ROW_FOUR = _block_shapes()
-_BLOCK_LANES = 2 * ROW_BLOCK * LANES
 _OUTPUTS_4, _OUTPUTS_2, _OUTPUTS_1 = _OUTPUTS[4], _OUTPUTS[2], _OUTPUTS[1]
 _dots4, _dots2, _dots1 = (_block_dots(r, _OUTPUTS[r]) for r in (4, 2, 1))
 _dots1x4 = _block_dots(1, 4)
+#: the lanes of one work item's outputs for a block of rows (an odd last output of a pair
+#: takes a second slot: see products)
+_ITEM_LANES = (OUTPUT_BLOCK + 1) * ROW_BLOCK * LANES
+
+#: bytes of activation rows that one pass over a work item's outputs reads: they stay in L1
+#: (32 KB a core on AMD's Zen 4, 48 KB on Intel's recent Xeons) while the weights stream by.
+#: Every block of outputs reads the block's activation rows in full, so four rows of S2 Pro's
+#: 2560 inputs (40 KB) would come from L2 each time, and the four-row product of a
+#: 9728 x 2560 F16 matrix took 2x the time of the tiled kernel (f16.py) on a Zen 4.
+X_PASS_BYTES = 16384
 
 
 @njit(inline="always")
-def _block(rows, acc, w, w_at, w_step, x, x_at, x_step, whole, ahead):
-    """block_dots for `rows` (4, 2 or 1) rows; returns the outputs it took."""
+def _pass_length(rows, whole):
+    """Inputs per pass for `rows` activation rows: a multiple of LANES, at most X_PASS_BYTES
+    of the rows, the passes as even as that allows."""
+    most = max(LANES, X_PASS_BYTES // (4 * rows) // LANES * LANES)
+    if whole <= most:
+        return max(whole, LANES)
+    passes = (whole + most - 1) // most
+    return ((whole + passes - 1) // passes + LANES - 1) // LANES * LANES
+
+
+@njit(inline="always")
+def _width(rows, o, last):
+    """The outputs that the call at output o of [.., last) takes: four for a single row where
+    four are left and fit the registers, else the block shape's."""
+    if rows == 1 and _ONE_ROW_FOUR and last - o >= 4:
+        return 4
     if rows == 4:
-        _dots4(acc, w, w_at, w_step, x, x_at, x_step, whole, ahead)
         return _OUTPUTS_4
     if rows == 2:
-        _dots2(acc, w, w_at, w_step, x, x_at, x_step, whole, ahead)
         return _OUTPUTS_2
-    _dots1(acc, w, w_at, w_step, x, x_at, x_step, whole, ahead)
     return _OUTPUTS_1
+
+
+@njit(inline="always")
+def _block(rows, width, acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop, ahead):
+    """block_dots for `rows` (4, 2 or 1) rows and `width` outputs (as _width chose)."""
+    if width == 4:
+        _dots1x4(acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop, ahead)
+    elif rows == 4:
+        _dots4(acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop, ahead)
+    elif rows == 2:
+        _dots2(acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop, ahead)
+    else:
+        _dots1(acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop, ahead)
 
 
 @njit(parallel=True, cache=True)
 def products(w, x, out):
     """out[r, o] = ggml's dot of row o of w with x[r]: F16 weights (as int16 bits) times
     activations already rounded to float16 (ggml_vec_dot_f16), or F32 weights times float32
-    activations (ggml_vec_dot_f32). Blocks of up to ROW_BLOCK rows times one or two outputs
-    (block_dots: each weight vector widened once for the block's rows)."""
+    activations (ggml_vec_dot_f32). A work item is OUTPUT_BLOCK outputs; for each block of up
+    to ROW_BLOCK activation rows it passes over the inputs in ranges of _pass_length, each
+    range through every output of the item in calls of one to four outputs (block_dots: each
+    weight vector widened once for the block's rows), the lanes kept between ranges. A lane
+    takes its multiply-adds in element order across the ranges, so the numbers are those of
+    one pass."""
     n_out, n_in = w.shape
     n_rows = x.shape[0]
     whole = n_in & ~31
     flat_w, flat_x = w.reshape(-1), x.reshape(-1)
-    for block in prange((n_out + OUTPUT_BLOCK - 1) // OUTPUT_BLOCK):
-        acc = stack_array(1, _BLOCK_LANES, np.float32)[0]
-        first = block * OUTPUT_BLOCK
+    for item in prange((n_out + OUTPUT_BLOCK - 1) // OUTPUT_BLOCK):
+        acc = stack_array(1, _ITEM_LANES, np.float32)[0]
+        first = item * OUTPUT_BLOCK
         last = min(first + OUTPUT_BLOCK, n_out)
         r = 0
         rows = ROW_BLOCK
         while r < n_rows:
             while rows > n_rows - r:
                 rows //= 2
+            acc[:(last - first + 1) * rows * LANES] = 0
+            length = _pass_length(rows, whole)
+            for start in range(0, whole, length):
+                stop = min(start + length, whole)
+                o = first
+                while o < last:
+                    width = _width(rows, o, last)
+                    o1 = min(o + 1, last - 1)  # an odd last output of a pair is computed twice
+                    w_step = n_in if width == 4 else (o1 - o) * n_in
+                    _block(rows, width, acc, (o - first) * rows * LANES, flat_w, o * n_in,
+                           w_step, flat_x, r * n_in, n_in, start, stop, max(width, 2) * n_in)
+                    o += width
             o = first
             while o < last:
-                if rows == 1 and _ONE_ROW_FOUR and last - o >= 4:
-                    _dots1x4(acc, flat_w, o * n_in, n_in, flat_x, r * n_in, n_in, whole,
-                             4 * n_in)
-                    for k in range(4):
-                        out[r, o + k] = _total(acc[k * LANES:(k + 1) * LANES], w, o + k, x, r,
-                                               whole)
-                    o += 4
-                    continue
-                o1 = min(o + 1, last - 1)  # an odd last output of a pair is computed twice
-                taken = _block(rows, acc, flat_w, o * n_in, (o1 - o) * n_in, flat_x, r * n_in,
-                               n_in, whole, 2 * n_in)
+                width = _width(rows, o, last)
                 for i in range(rows):
-                    at = taken * i * LANES
-                    out[r + i, o] = _total(acc[at:at + LANES], w, o, x, r + i, whole)
-                    if taken == 2:
-                        out[r + i, o1] = _total(acc[at + LANES:at + 2 * LANES], w, o1, x,
-                                                r + i, whole)
-                o += taken
+                    for k in range(min(width, last - o)):
+                        at = (o - first) * rows * LANES + (i * width + k) * LANES
+                        out[r + i, o + k] = _total(acc[at:at + LANES], w, o + k, x, r + i,
+                                                   whole)
+                o += width
             r += rows
 
 
 class GgmlRows:
     """An [out, in] F16 or F32 matrix multiplied as ggml multiplies it (`products`), read in
     place from the file's rows (row-major: each output's dot runs along its row as ggml's
-    does). An F16 matrix takes activations already rounded to float16
-    (act_quant.ActivationRounded wraps it). `m(x)` is x @ W^T for x (n, in)."""
+    does). An F16 matrix rounds the activation rows to float16 first, as ggml_vec_dot_f16
+    takes them (f16.round_to_half: act_quant.snap's numbers). `m(x)` is x @ W^T for x
+    (n, in)."""
 
     def __init__(self, values: np.ndarray):
         """values: the file's F16 values (as float16 or their uint16 bits) or F32 values."""
@@ -736,7 +781,8 @@ class GgmlRows:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = np.empty((x.shape[0], self.w.shape[0]), _F32)
-        products(self.w, np.ascontiguousarray(x, dtype=_F32), out)
+        x = np.ascontiguousarray(x, dtype=_F32)
+        products(self.w, x if self.w.dtype == np.float32 else round_to_half(x), out)
         return out
 
     def row_window(self, start: int, stop: int, n: int) -> tuple["GgmlRows", int]:

@@ -25,9 +25,11 @@ from numba.extending import intrinsic
 AHEAD = 2
 
 
-def emit_prefetch(builder: ir.IRBuilder, pointer: ir.Value) -> None:
-    """The IR of a prefetch: llvm.prefetch(pointer, read, locality 3 (keep in all levels:
-    L1), data). Every kernel that asks for lines emits it here."""
+def emit_prefetch(builder: ir.IRBuilder, pointer: ir.Value, locality: int = 3) -> None:
+    """The IR of a prefetch: llvm.prefetch(pointer, read, locality, data). Locality 3 keeps
+    the line in all levels, L1 included (x86 prefetcht0); 2 stops at L2 (prefetcht1), for a
+    kernel that asks for its lines further ahead than L1 holds. Every kernel that asks for
+    lines emits it here."""
     byte_pointer = builder.bitcast(pointer, ir.IntType(8).as_pointer())
     i32 = ir.IntType(32)
     signature_ir = ir.FunctionType(ir.VoidType(), [byte_pointer.type, i32, i32, i32])
@@ -35,7 +37,7 @@ def emit_prefetch(builder: ir.IRBuilder, pointer: ir.Value) -> None:
     # later take that name for their opaque-pointer "llvm.prefetch.p0"
     function = builder.module.declare_intrinsic("llvm.prefetch", [byte_pointer.type],
                                                 signature_ir)
-    builder.call(function, [byte_pointer, i32(0), i32(3), i32(1)])
+    builder.call(function, [byte_pointer, i32(0), i32(locality), i32(1)])
 
 
 @intrinsic

@@ -76,8 +76,7 @@ class WeightLoader:
                 from .ggml_ops import GgmlRows  # ggml's own order of sums (ggml_ops.py)
                 if qtype == QT.F32:
                     return GgmlRows(self.vector(name))
-                from .act_quant import ActivationRounded
-                return ActivationRounded(GgmlRows(self.mf.raw(name)), "f16")
+                return GgmlRows(self.mf.raw(name))  # rounds its activation to float16
         packed = self._packed(name) if self.numba_kernels else None
         if packed is not None:
             self.mf.release(name)  # the values were copied into the tiled layout
