@@ -682,6 +682,14 @@ _ITEM_LANES = (OUTPUT_BLOCK + 1) * ROW_BLOCK * LANES
 #: 9728 x 2560 F16 matrix took 2x the time of the tiled kernel (f16.py) on a Zen 4.
 X_PASS_BYTES = 16384
 
+#: how far ahead, in weight bytes in the order they are read, block_dots asks for lines: the
+#: rows that many bytes of the current range on, at the same inputs. A single row's call of
+#: four outputs spans 20 KB of S2 Pro's rows, so it asks for the next call's; a four-row call
+#: of two outputs spans 4 KB of a range, and asking one call ahead (8 KB in reading order),
+#: four rows streamed a 9728 x 2560 F16 matrix at 1.52-1.66x the tiled kernel's time on a
+#: Zen 4, three calls ahead 1.35-1.44x, six 1.25-1.43x
+AHEAD_BYTES = 20480
+
 
 @njit(inline="always")
 def _pass_length(rows, whole):
@@ -747,13 +755,16 @@ def products(w, x, out):
             length = _pass_length(rows, whole)
             for start in range(0, whole, length):
                 stop = min(start + length, whole)
+                # a call asks for the lines of the rows that far on, in this range
+                rows_ahead = max(2, AHEAD_BYTES // ((stop - start) * w.itemsize))
                 o = first
                 while o < last:
                     width = _width(rows, o, last)
                     o1 = min(o + 1, last - 1)  # an odd last output of a pair is computed twice
                     w_step = n_in if width == 4 else (o1 - o) * n_in
                     _block(rows, width, acc, (o - first) * rows * LANES, flat_w, o * n_in,
-                           w_step, flat_x, r * n_in, n_in, start, stop, max(width, 2) * n_in)
+                           w_step, flat_x, r * n_in, n_in, start, stop,
+                           max(width, rows_ahead) * n_in)
                     o += width
             o = first
             while o < last:
