@@ -551,11 +551,12 @@ def _block_dots(n_rows: int, n_outputs: int):
     whose accumulators stay in registers, each weight vector widened once for all the rows:
     the rows are what a widening is shared by, so a block of R rows costs (4 + 2R) AVX-512
     operations per 32 R products a weight row (AVX2: half). Each weight line read asks for
-    the one `ahead` elements on (prefetch.py; products passes the next call's rows: 4-layer
-    f16 frames 2.64 -> 3.07 a second alone, 8.08 -> 9.21 with four sequences), into L2: a
-    single row's next call is four rows of 5-19 KB ahead, which L1 (32 KB on a Zen 4) does
-    not keep until they are read. On a Zen 4, one row of a 9728 x 2560 F16 matrix streamed
-    at 1.15-1.76x the tiled kernel's time (f16.py) asking into L1 and 1.09-1.14x into L2."""
+    the one `ahead` elements on (prefetch.py; products passes the rows AHEAD_BYTES on: asking
+    ahead at all took 4-layer f16 frames from 2.64 to 3.07 a second alone, 8.08 -> 9.21 with
+    four sequences), into L2: a single row's call reads four rows of 5-19 KB, and L1 (32 KB
+    on a Zen 4) does not keep the next call's lines until they are read. On a Zen 4, one row
+    of a 9728 x 2560 F16 matrix streamed at 1.15-1.76x the tiled kernel's time (f16.py)
+    asking into L1 and 1.09-1.14x into L2."""
 
     @intrinsic
     def block_dots(typingctx, acc, acc_at, w, w_at, w_step, x, x_at, x_step, start, stop,

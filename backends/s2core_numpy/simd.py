@@ -268,7 +268,6 @@ def scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
 #: tile-blocks ahead of the one being computed whose lines the kernels ask for (prefetch.py)
 PREFETCH_BLOCKS = 2
 
-
 #: where the kernels ask for those lines (prefetch.emit_prefetch): into L2 only. Asked into
 #: L1 as well, they pushed out the activation codes that several rows read again for every
 #: tile (on Zen, four rows are four one-row calls on a tile-block: lone_block). 40
