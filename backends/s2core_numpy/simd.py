@@ -69,11 +69,10 @@ class Emitter:
     with 4 activation bytes. A group value is a list of vectors (one <64 x i8> on VNNI, two
     <32 x i8> on AVX2); an accumulator likewise (<16 x i32>, or two <8 x i32>)."""
 
-    def __init__(self, builder: ir.IRBuilder, kind: str, ahead: int = 0, locality: int = 3):
+    def __init__(self, builder: ir.IRBuilder, kind: str, ahead: int = 0):
         self.b = builder
         self.kind = kind
         self.ahead = ahead  # bytes ahead of each group read whose line load() asks for
-        self.locality = locality  # the cache level it asks into (prefetch.emit_prefetch)
         self.parts = 1 if kind == "vnni" else 2
         width = GROUP_BYTES // self.parts
         self.bytes_t = ir.VectorType(_I8, width)
@@ -112,9 +111,9 @@ class Emitter:
     def prefetch(self, base, offset) -> None:
         """Ask for the line at byte offset + ahead (prefetch.py: a tile-block two ahead, a
         line per group read, overlaps the memory stream with this block's arithmetic; x86
-        prefetches never fault, past the end included), into self.locality's level."""
+        prefetches never fault, past the end included), into L2 (PREFETCH_LOCALITY)."""
         at = self.b.add(offset, ir.Constant(offset.type, self.ahead))
-        emit_prefetch(self.b, self.b.gep(base, [at]), self.locality)
+        emit_prefetch(self.b, self.b.gep(base, [at]), PREFETCH_LOCALITY)
 
     def load(self, base, offset) -> list:
         """The group at byte `offset` (an i64 value) of the uint8 pointer `base`."""
@@ -270,13 +269,8 @@ PREFETCH_BLOCKS = 2
 
 #: where the kernels ask for those lines (prefetch.emit_prefetch): into L2 only. Asked into
 #: L1 as well, they pushed out the activation codes that several rows read again for every
-#: tile (on Zen, four rows are four one-row calls on a tile-block: lone_block). 40
-#: copies of a 9728 x 2560 matrix streamed on a Zen 4 (32 KB of L1), two runs each, L1 ->
-#: L2: Q8_0 with 8 rows 1.89-2.03 -> 0.93-1.07 ms, 4 rows 1.13-1.30 -> 0.84-0.85; Q4_K 8 rows
-#: 0.97-1.20 -> 0.70-0.78, 4 rows 0.75-0.82 -> 0.60-0.66; one row a tie (Q4_K 0.45-0.63 /
-#: 0.49-0.53, Q8_0 0.89-1.01 / 0.93-0.97). The AVX2 build: Q8_0 8 rows 2.38-2.42 ->
-#: 1.78-1.86, Q4_K 1.45-2.06 -> 1.35-1.37, but Q8_0's one row 0.77-0.81 -> 0.87-0.92 in two
-#: noisy runs (not confirmed since)
+#: tile (on Zen, four rows are four one-row calls on a tile-block: lone_block); the
+#: measurements are in docs/arithmetic.md, "Prefetching"
 PREFETCH_LOCALITY = 2
 
 #: activation rows one kernel call takes, sharing each weight load and the block's scales.
@@ -314,8 +308,8 @@ def _make(body, n_rows: int, tile_block_bytes: int):
                 rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
                              builder.add(int64(9), step[2]),
                              builder.add(int64(12), _const(r * ROWS))])
-            body(Emitter(builder, isa(), PREFETCH_BLOCKS * tile_block_bytes,
-                         PREFETCH_LOCALITY), ptrs, int64(1), rows)
+            body(Emitter(builder, isa(), PREFETCH_BLOCKS * tile_block_bytes), ptrs, int64(1),
+                 rows)
             return context.get_dummy_value()
 
         return sig, codegen
