@@ -123,24 +123,25 @@ def _q4_k_scale_min(h, s, j):
     return sc, mn
 
 
-# ------------------------------------------------------------------------ products
 # ------------------------------------------------------------------------ decoding
 @njit(nogil=True, cache=True)
-def decode(kind, packed, header_bytes, flip, t, w):
-    """Tile t as float32 (in, 16) as gguf dequantizes it: w[i, j] = weight (t*16 + j, i)."""
+def decode(kind, packed, header_bytes, flip, ids, w):
+    """Rows `ids` as float32 (n, in) as gguf dequantizes them: w[r, i] = weight (ids[r], i).
+    Only the asked row's bytes of its tile are read."""
     n_super = packed.shape[1]
-    for sb in range(n_super):
-        h = packed[t, sb]
-        c = header_bytes
-        i0 = sb * 256
-        for j in range(ROWS):
+    for r in range(ids.shape[0]):
+        t, j = ids[r] // ROWS, ids[r] % ROWS
+        for sb in range(n_super):
+            h = packed[t, sb]
+            c = header_bytes
+            i0 = sb * 256
             if kind == _Q8_0:
                 for blk in range(8):
                     d = _half_at(h, 32 * blk, j)
                     for g in range(8):
                         for i in range(4):
                             q = np.int8(h[c + (blk * 8 + g) * 64 + 4 * j + i] ^ flip)
-                            w[i0 + blk * 32 + 4 * g + i, j] = d * np.float32(q)
+                            w[r, i0 + blk * 32 + 4 * g + i] = d * np.float32(q)
             elif kind == _Q4_K:
                 d, dmin = _half_at(h, 0, j), _half_at(h, 32, j)
                 for s in range(8):
@@ -151,7 +152,7 @@ def decode(kind, packed, header_bytes, flip, t, w):
                         for i in range(4):
                             byte = np.int32(h[c + (chunk * 8 + g) * 64 + 4 * j + i])
                             q = (byte >> 4) if upper else (byte & 15)
-                            w[i0 + 32 * s + 4 * g + i, j] = scale * np.float32(q) - low
+                            w[r, i0 + 32 * s + 4 * g + i] = scale * np.float32(q) - low
             else:
                 d = _half_at(h, 256, j)
                 for n in range(2):
@@ -168,7 +169,7 @@ def decode(kind, packed, header_bytes, flip, t, w):
                                 q = (nibble | (((qh >> (2 * k)) & 3) << 4)) - 32
                                 sub = (v + 32 * k) // 16
                                 scale = d * np.float32(np.int8(h[16 * sub + j]))
-                                w[i0 + v + 32 * k, j] = scale * np.float32(q)
+                                w[r, i0 + v + 32 * k] = scale * np.float32(q)
 
 
 # ---------------------------------------------------------------------- the matrix
@@ -222,10 +223,7 @@ class IntDotMatrix:
         """Rows `ids` as float32 (n, in), decoded as gguf dequantizes them."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         out = np.empty((ids.shape[0], self.n_in), np.float32)
-        tile = np.empty((self.n_in, ROWS), np.float32)
-        for i, row in enumerate(ids):
-            decode(self.kind, self.codes, self.header_bytes, self.flip, int(row) // ROWS, tile)
-            out[i] = tile[:, int(row) % ROWS]
+        decode(self.kind, self.codes, self.header_bytes, self.flip, ids, out)
         return out
 
     def dequantize(self) -> np.ndarray:
