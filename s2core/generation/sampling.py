@@ -66,12 +66,14 @@ def candidates(logits: np.ndarray, top_p: float, top_k: int) -> Candidates:
     # ids) gives the same sums.
     sorted_logits = -np.sort(-logits)
     e = np.exp(sorted_logits - sorted_logits[0])
-    running = np.cumsum(e / _sequential_sum(e), dtype=np.float32)
     n = len(logits) if top_k <= 0 else min(top_k, len(logits))
+    # the walk stops by item n: the running sum of the first n probabilities is all it
+    # reads (each term is e / total, the total over every item)
+    running = np.cumsum(e[:n] / _sequential_sum(e), dtype=np.float32)
     p = np.float32(min(max(top_p, 0.0), 1.0))
     # The running sum never decreases, so the kept items are a prefix: item 0, then every
     # item up to the first whose running sum exceeds top_p (exclusive).
-    crossing = np.flatnonzero(running[1:n] > p)
+    crossing = np.flatnonzero(running[1:] > p)
     keep = n if crossing.size == 0 else int(crossing[0]) + 1
     # Their ids: the logits at least the last kept value, in a stable sort (descending,
     # equal logits by ascending id) of which the first `keep` are the kept ones.
