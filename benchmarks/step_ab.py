@@ -4,10 +4,8 @@
     python benchmarks/step_ab.py --against REV [--type f16] [--layers 4] [--backend numpy]
                                  [--runs 3] [--steps 22]
 
-On this VM the time of the same step drifts by 15-30 % within minutes, so a figure measured
-once before a change and once after says little. This script checks REV out beside the
-working tree (a temporary git worktree), then runs, alternately and each in a fresh process,
-this tree and REV: load the S2 Pro-shaped model of `--type` (written once into the model
+This script checks REV out beside the working tree (ab.py says why), then runs, alternately
+and each in a fresh process, this tree and REV: load the S2 Pro-shaped model of `--type` (written once into the model
 cache, as `s2core bench` does), prefill a 256-position prompt (timed), then `--steps` decode
 steps (the median after three warm-up steps). Alternating puts both under the same drift.
 Results go to benchmarks/results/step-ab-<date>-<time>-<machine tag>.json and .md.
@@ -18,11 +16,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +26,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from ab import revision, tree_env, worktree  # noqa: E402
 from s2core.benchmarking import machine  # noqa: E402
 from s2core.benchmarking.config import BenchConfig  # noqa: E402
 from s2core.benchmarking.models import prepare_model  # noqa: E402
@@ -56,15 +53,10 @@ print(json.dumps({"prefill_ms": prefill * 1e3, "step_ms": float(np.median(times[
 
 
 def run_child(root: Path, model: Path, backend: str, steps: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "backends")]))
     done = subprocess.run([sys.executable, "-c", CHILD, str(model), backend, str(steps)],
-                          env=env, cwd=root, capture_output=True, text=True, check=True)
+                          env=tree_env(root), cwd=root, capture_output=True, text=True,
+                          check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def revision(root: Path, rev: str) -> str:
-    return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev],
-                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,23 +72,16 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = BenchConfig(layers=args.layers)
     model = Path(prepare_model(cfg.hparams(), args.type, seed=0, prefill_tokens=256).path)
-    other = revision(ROOT, args.against)
+    other = revision(args.against)
     rows: dict[str, list[dict]] = {"this tree": [], other: []}
-    with tempfile.TemporaryDirectory() as tmp:
-        checkout = Path(tmp) / "against"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q",
-                        str(checkout), args.against], check=True)
-        try:
-            for k in range(args.runs):
-                for name, root in (("this tree", ROOT), (other, checkout)):
-                    rows[name].append(run_child(root, model, args.backend, args.steps))
-                    r = rows[name][-1]
-                    print(f"run {k + 1} {name:>9}: prefill {r['prefill_ms']:7.0f} ms, "
-                          f"step {r['step_ms']:6.1f} ms (min {r['step_min_ms']:.1f})",
-                          flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(checkout)], check=False)
+    with worktree(args.against) as checkout:
+        for k in range(args.runs):
+            for name, root in (("this tree", ROOT), (other, checkout)):
+                rows[name].append(run_child(root, model, args.backend, args.steps))
+                r = rows[name][-1]
+                print(f"run {k + 1} {name:>9}: prefill {r['prefill_ms']:7.0f} ms, "
+                      f"step {r['step_ms']:6.1f} ms (min {r['step_min_ms']:.1f})",
+                      flush=True)
 
     info = machine.describe()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

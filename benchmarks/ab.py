@@ -1,0 +1,42 @@
+"""What the A/B scripts (step_ab.py, batch_ab.py) share: another revision checked out beside
+the working tree, and the environment that makes a child process import a given tree.
+
+On this kind of VM the same measurement drifts by 15-50 % within minutes, so a figure taken
+once before a change and once after says little; these scripts run both trees alternately,
+each in a fresh process, under the same drift."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def revision(rev: str, root: Path = ROOT) -> str:
+    """The short hash of `rev`."""
+    return subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def worktree(rev: str, root: Path = ROOT) -> Iterator[Path]:
+    """`rev` checked out in a temporary git worktree, removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        checkout = Path(tmp) / "against"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", "-q",
+                        str(checkout), rev], check=True)
+        try:
+            yield checkout
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
+                            str(checkout)], check=False)
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """os.environ with `tree`'s packages (s2core, and the backends) first on the path."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "backends")]))
