@@ -506,31 +506,37 @@ def _weighted_rows(w, w_rows, n, v0, n0, v1, n1, v2, n2, hk, first, out):
 
 @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
 def _attend_last(q, n_kv, k0, v0, n0, k1, v1, n1, k2, v2, n2, scale, out):
-    """out[h] = softmax(q[h] . K[hk] * scale) @ V[hk], hk = h // group: the newest
-    position's query heads over every position, all visible to it, held in three blocks one
-    after another: the first n0 rows of (k0, v0), n1 of (k1, v1), n2 of (k2, v2), each
-    [n_kv, capacity, d] C-contiguous (float32, or float16 as int16 bits). q, out
-    (n_head, d). One KV head (and its group of query heads) per item; its K and V rows are
-    each read once for HEADS query heads."""
-    n_head = q.shape[0]
+    """out[b, h] = softmax(q[b, h] . K[hk] * scale) @ V[hk], hk = h // group: the newest
+    position's query heads of each of B sequences over every position, all visible to it,
+    held in three blocks one after another: the first n0 rows of (k0, v0), n1 of (k1, v1),
+    n2 of (k2, v2), each [B or 1, n_kv, capacity, d] C-contiguous (float32, or float16 as
+    int16 bits; a block with a leading 1 is every sequence's). q, out (B, n_head, d). One
+    sequence's KV head (and its group of query heads) per item; its K and V rows are each
+    read once for HEADS query heads. A sequence's numbers do not depend on B."""
+    n_seq, n_head = q.shape[0], q.shape[1]
     group = n_head // n_kv
     o1 = n0
     o2 = n0 + n1
     end = o2 + n2
-    for hk in prange(n_kv):
+    for item in prange(n_seq * n_kv):
+        b, hk = item // n_kv, item % n_kv
+        qb, ob = q[b], out[b]
+        k0b, v0b = k0[min(b, k0.shape[0] - 1)], v0[min(b, v0.shape[0] - 1)]
+        k1b, v1b = k1[min(b, k1.shape[0] - 1)], v1[min(b, v1.shape[0] - 1)]
+        k2b, v2b = k2[min(b, k2.shape[0] - 1)], v2[min(b, v2.shape[0] - 1)]
         first = hk * group
         w = np.empty((group, end), np.float32)
         for g0 in range(0, group, HEADS):
             heads = _four(first, group, g0)
             w_rows = _four(0, group, g0)
             n = min(HEADS, group - g0)
-            _scores(q, heads, n, k0, n0, hk, w, w_rows, 0, scale)
-            _scores(q, heads, n, k1, n1, hk, w, w_rows, o1, scale)
-            _scores(q, heads, n, k2, n2, hk, w, w_rows, o2, scale)
+            _scores(qb, heads, n, k0b, n0, hk, w, w_rows, 0, scale)
+            _scores(qb, heads, n, k1b, n1, hk, w, w_rows, o1, scale)
+            _scores(qb, heads, n, k2b, n2, hk, w, w_rows, o2, scale)
         _softmax(w, group, end)
         for g0 in range(0, group, HEADS):
             _weighted_rows(w, _four(0, group, g0), min(HEADS, group - g0),
-                           v0, n0, v1, n1, v2, n2, hk, first + g0, out)
+                           v0b, n0, v1b, n1, v2b, n2, hk, first + g0, ob)
 
 
 #: a block that holds no rows
@@ -552,8 +558,25 @@ def attend_last(q: np.ndarray, keys: Keys, scale: float) -> np.ndarray:
     """ops.causal_attention for one query row at position keys.end - 1: q (1, n_head, d).
     Every block of keys is read where it is held. Returns (1, n_head * d)."""
     n, n_head, d = q.shape
-    out = np.empty((n_head, d), np.float32)
-    _attend_last(np.ascontiguousarray(q[0]), keys.cache[0].shape[0],
-                 *kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
-                 *kernel_block(keys.new), np.float32(scale), out)
+    out = np.empty((1, n_head, d), np.float32)
+    blocks = (*kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
+              *kernel_block(keys.new))
+    _attend_last(np.ascontiguousarray(q[:1]), keys.cache[0].shape[0],
+                 *(b[None] if isinstance(b, np.ndarray) else b for b in blocks),
+                 np.float32(scale), out)
     return out.reshape(1, n_head * d)
+
+
+def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int,
+                scale: float) -> np.ndarray:
+    """attend_last for B sequences in one call: q (B, n_head, d), the newest row of each,
+    at position end - 1 of its cache (k, v (B, n_kv, capacity, d), C-contiguous), whose rows
+    [0, end) it sees. Returns (B, n_head * d), each row the numbers attend_last gives it
+    alone."""
+    n_seq, n_head, d = q.shape
+    out = np.empty((n_seq, n_head, d), np.float32)
+    k, v, _ = kernel_block((k, v))
+    empty = _NO_ROWS[None]
+    _attend_last(np.ascontiguousarray(q, dtype=np.float32), k.shape[1], empty, empty, 0,
+                 k, v, end, empty, empty, 0, np.float32(scale), out)
+    return out.reshape(n_seq, n_head * d)

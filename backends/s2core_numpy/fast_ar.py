@@ -16,14 +16,15 @@ import numpy as np
 
 from s2core.plugin import load_block, load_fast_ar
 
-from .layers import run_block_segments
+from .layers import run_block_rows, run_block_segments
 from .ops import NUMPY_OPS, RowOps
 from .weights import WeightLoader, gather, linear
 
 
 @dataclass
 class FastState:
-    """B Fast-AR sequences at the same position: K/V (B, n_layer, n_head_kv, capacity, d)."""
+    """B Fast-AR sequences at the same position: K/V (n_layer, B, n_head_kv, capacity, d),
+    so that a layer's caches are one array (layers.run_block_rows)."""
 
     k: np.ndarray
     v: np.ndarray
@@ -45,7 +46,7 @@ class FastDecoder:
 
     def _new_state(self, b: int) -> FastState:
         s = self.shape
-        shape = (b, len(self.layers), s.n_head_kv, self.capacity, s.head_dim)
+        shape = (len(self.layers), b, s.n_head_kv, self.capacity, s.head_dim)
         return FastState(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
 
     def _first_rows(self, hiddens: np.ndarray) -> np.ndarray:
@@ -83,15 +84,21 @@ class FastDecoder:
     def _run(self, state: FastState, x: np.ndarray) -> np.ndarray:
         """x: the same number n of new rows for each of the state's B sequences, sequence by
         sequence; logits (B, codebook_size) after each sequence's last row."""
-        s, start, b = self.shape, state.n, state.k.shape[0]
+        s, start, b = self.shape, state.n, state.k.shape[1]
         n = x.shape[0] // b
         positions = np.tile(np.arange(start, start + n), b)
         cos, sin = self.row_ops.rope_tables(positions, s.head_dim, s.rope_base)
-        segments = [(r * n, (r + 1) * n, start) for r in range(b)]
-        last = len(self.layers) - 1
-        for i, blk in enumerate(self.layers):
-            x = run_block_segments(x, blk, s, cos, sin, segments,
-                                   lambda r, i=i: state.k[r, i], lambda r, i=i: state.v[r, i],
-                                   i == last, row_ops=self.row_ops)
+        if n == 1 and self.row_ops.attend_rows is not None:  # every call but a start's
+            for i, blk in enumerate(self.layers):
+                x = run_block_rows(x, blk, s, cos, sin, state.k[i], state.v[i], start,
+                                   self.row_ops)
+        else:
+            segments = [(r * n, (r + 1) * n, start) for r in range(b)]
+            last = len(self.layers) - 1
+            for i, blk in enumerate(self.layers):
+                x = run_block_segments(x, blk, s, cos, sin, segments,
+                                       lambda r, i=i: state.k[i, r],
+                                       lambda r, i=i: state.v[i, r],
+                                       i == last, row_ops=self.row_ops)
         state.n = start + n
         return linear(self.row_ops.rms_norm(x, self.norm, s.eps), self.output)

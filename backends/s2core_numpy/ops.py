@@ -134,6 +134,12 @@ class RowOps:
     #: the attention spreads a call's rows and heads over the cores itself: a caller does not
     #: split it per KV head onto the workers (whose split computes NumPy's numbers)
     parallel_attention: bool = False
+    #: (q (B, n_head, d), k, v (B, n_kv, capacity, d), end, scale) -> (B, n_head * d): the
+    #: newest row of each of B sequences, at position end - 1, over its own cache's rows
+    #: [0, end) in one call, each row with the numbers `attention` gives it alone; None:
+    #: callers attend sequence by sequence
+    attend_rows: Callable[[np.ndarray, np.ndarray, np.ndarray, int, float], np.ndarray] | None \
+        = None
 
 
 NUMPY_OPS = RowOps(rms_norm, apply_rope, cached_attention)

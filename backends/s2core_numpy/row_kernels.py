@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .attention import attend_last
+from .attention import attend_last, attend_rows
 from .ops import Keys, RowOps, cached_attention
 
 
@@ -73,4 +73,4 @@ def attention(q: np.ndarray, keys: Keys, q_start: int, scale: float) -> np.ndarr
 
 
 #: the block's norms, rotation and attention with these kernels
-KERNEL_OPS = RowOps(rms_norm, rope, attention)
+KERNEL_OPS = RowOps(rms_norm, rope, attention, attend_rows=attend_rows)
