@@ -503,34 +503,56 @@ def _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes, out):
 
 @njit(parallel=True, cache=True)
 def _attend(q, q_start, n_kv, k0, v0, n0, k1, v1, n1, k2, v2, n2, out):
-    n, n_head, d = q.shape
+    """q, out (S, n, n_head, d): S sequences' n query rows each, at positions q_start ..,
+    over the first n0, n1, n2 rows of the blocks (k0, v0), (k1, v1), (k2, v2), each [S or
+    1, n_kv, capacity, d] (a leading 1: every sequence's). One work item a sequence's query
+    row and KV head: a sequence's numbers do not depend on S."""
+    n_seq, n, n_head, d = q.shape
     group = n_head // n_kv
     end = n0 + n1 + n2
     scale = _F32(1) / np.sqrt(_F32(d))
-    for item in prange(n * n_kv):
-        i, kh = item // n_kv, item % n_kv
+    for item in prange(n_seq * n * n_kv):
+        s, i, kh = item // (n * n_kv), item // n_kv % n, item % n_kv
+        qs = q[s]
+        k0s, v0s = k0[min(s, k0.shape[0] - 1)], v0[min(s, v0.shape[0] - 1)]
+        k1s, v1s = k1[min(s, k1.shape[0] - 1)], v1[min(s, v1.shape[0] - 1)]
+        k2s, v2s = k2[min(s, k2.shape[0] - 1)], v2[min(s, v2.shape[0] - 1)]
         row = np.empty(d, np.float32)
         w = np.empty((group, end), np.float32)
-        _scores(q, i, kh, group, k0, n0, k1, n1, k2, end, row, w)
+        _scores(qs, i, kh, group, k0s, n0, k1s, n1, k2s, end, row, w)
         last = q_start + i  # the query's position: later ones are masked
         for g in range(group):
             for t in range(end):
                 w[g, t] = w[g, t] * scale if t <= last else -np.inf
             softmax_row(w[g], end)
         lanes = np.empty((group, 32, d), np.float32)
-        _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes,
-                         out[i, kh * group:(kh + 1) * group])
+        _weighted_values(w, v0s, n0, v1s, n1, v2s, end, kh, row, lanes,
+                         out[s, i, kh * group:(kh + 1) * group])
 
 
 def attention(q: np.ndarray, keys: Keys, q_start: int, scale: float) -> np.ndarray:
     """ops.cached_attention as s2.cpp's graph computes it (mul_mat, scale, diag_mask_inf,
     soft_max, mul_mat). `scale` is ggml's own, float(1 / sqrtf(d)), whatever is passed."""
     n, n_head, d = q.shape
-    out = np.empty((n, n_head, d), _F32)
-    _attend(np.ascontiguousarray(q, dtype=_F32), q_start, keys.cache[0].shape[0],
-            *kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
-            *kernel_block(keys.new), out)
+    out = np.empty((1, n, n_head, d), _F32)
+    blocks = (*kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
+              *kernel_block(keys.new))
+    _attend(np.ascontiguousarray(q, dtype=_F32)[None], q_start, keys.cache[0].shape[0],
+            *(b[None] if isinstance(b, np.ndarray) else b for b in blocks), out)
     return out.reshape(n, n_head * d)
+
+
+def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int,
+                scale: float) -> np.ndarray:
+    """ops.RowOps.attend_rows with `attention`'s numbers: q (B, n_head, d), each sequence's
+    row at position end - 1 over its cache's rows [0, end) (k, v (B, n_kv, capacity, d))."""
+    n_seq, n_head, d = q.shape
+    out = np.empty((n_seq, 1, n_head, d), _F32)
+    k, v, _ = kernel_block((k, v))
+    empty = kernel_block(None)[0][None]
+    _attend(np.ascontiguousarray(q, dtype=_F32)[:, None], end - 1, k.shape[1], empty, empty,
+            0, k, v, end, empty, empty, 0, out)
+    return out.reshape(n_seq, n_head * d)
 
 
 # ------------------------------------------------------------------------------ F16 products
@@ -818,4 +840,5 @@ class GgmlRows:
 
 
 #: the block's norms, rotation, attention and gate as s2.cpp's AVX2 build computes them
-GGML_OPS = RowOps(rms_norm, rope, attention, swiglu, rope_tables, parallel_attention=True)
+GGML_OPS = RowOps(rms_norm, rope, attention, swiglu, rope_tables, parallel_attention=True,
+                  attend_rows=attend_rows)
