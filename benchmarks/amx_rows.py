@@ -49,7 +49,7 @@ def main() -> None:
     if not amx.available():
         sys.exit(f"no AMX here: {amx.unavailable_reason()}")
     rng = np.random.default_rng(0)
-    kernels = {"vnni": lambda *a: simd.products(*a, simd.LONE_BLOCK), "amx": amx.products}
+    kernels = {"vnni": lambda *a: simd.products(*a, simd.LONE_BLOCK[a[0]]), "amx": amx.products}
     results = {}
     for name in args.types.split(","):
         mats = packed_copies(name, args.matrices)

@@ -65,7 +65,7 @@ def main() -> None:
     report = {"results": results, "matrices": args.matrices, "cpu_model": cpu_model(),
               "cpu_flags": cpu_flags(), "host_cpu": simd.host_cpu(), "isa": simd.isa(),
               "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
-              "lone_block": simd.LONE_BLOCK}
+              "lone_block": {str(k): v for k, v in simd.LONE_BLOCK.items()}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"int-block-rows-{time.strftime('%Y%m%d-%H%M')}.json"

@@ -43,7 +43,7 @@ def test_amx_products_equal_the_vnni_kernels_bit_for_bit(qtype, rows):
     xq, xd, xs = act_quant.quantize(m.dot_type, x)
     want = np.empty((rows, m.codes.shape[0] * 16), np.float32)
     got = np.full_like(want, np.nan)
-    simd.products(m.kind, m.codes, xq, xd, xs, want, simd.LONE_BLOCK)
+    simd.products(m.kind, m.codes, xq, xd, xs, want, simd.LONE_BLOCK[m.kind])
     amx.products(m.kind, m.codes, xq, xd, xs, got)
     assert np.array_equal(got, want), f"{qtype.name}, {rows} rows: AMX differs from VNNI by " \
         f"{np.nanmax(np.abs(got - want))}"

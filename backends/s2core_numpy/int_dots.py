@@ -210,7 +210,7 @@ class IntDotMatrix:
         if x.shape[0] >= amx.MIN_ROWS.get(self.kind, 1 << 62) and amx.available():
             amx.products(self.kind, self.codes, xq, xd, xs, out)  # the same bits, faster here
         else:
-            products(self.kind, self.codes, xq, xd, xs, out, LONE_BLOCK)
+            products(self.kind, self.codes, xq, xd, xs, out, LONE_BLOCK[self.kind])
         return out[:, :self.n_out]
 
     def row_window(self, start: int, stop: int, n: int) -> tuple["IntDotMatrix", int]:

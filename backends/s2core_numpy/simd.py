@@ -269,8 +269,8 @@ PREFETCH_BLOCKS = 2
 
 #: where the kernels ask for those lines (prefetch.emit_prefetch): into L2 only. Asked into
 #: L1 as well, they pushed out the activation codes that several rows read again for every
-#: tile (on Zen, four rows are four one-row calls on a tile-block: lone_block); the
-#: measurements are in docs/arithmetic.md, "Prefetching"
+#: tile (on Zen, four rows of Q8_0 or Q6_K are four one-row calls on a tile-block:
+#: lone_block); the measurements are in docs/arithmetic.md, "Prefetching"
 PREFETCH_LOCALITY = 2
 
 #: activation rows one kernel call takes, sharing each weight load and the block's scales.
@@ -528,16 +528,20 @@ def host_cpu() -> str:
     return str(binding.get_host_cpu_name())
 
 
-def lone_block() -> bool:
-    """Whether a chunk of exactly BLOCK rows takes the BLOCK-row kernel: not on AMD's Zen.
-    There each 256 inputs' call then follows the previous one on the same accumulators, and
-    streaming products ran slower than one row a call (Zen 5, benchmarks/int_block_rows.py,
-    alternated: VNNI Q8_0 1.89x, Q4_K 1.75x, Q6_K 2.96x; the AVX2 build 1.46x, 1.03x, 1.37x),
-    while 6 and 8 rows, where another call comes between, gained 0.68-1.00x from the block."""
-    return not host_cpu().startswith("znver")
+def lone_block(kind: int) -> bool:
+    """Whether a chunk of exactly BLOCK rows of weight type `kind` takes the BLOCK-row
+    kernel: not for Q8_0 and Q6_K on AMD's Zen. There each 256 inputs' call then follows the
+    previous one on the same accumulators, and streaming products ran slower than one row a
+    call (benchmarks/int_block_rows.py, alternated; Zen 5 prefetching into L1: VNNI Q8_0
+    1.89x, Q4_K 1.75x, Q6_K 2.96x, the AVX2 build 1.46x, 1.03x, 1.37x; Zen 4 into L2: Q8_0
+    1.10-1.45x, Q6_K 1.01-1.40x), while 6 and 8 rows, where another call comes between,
+    gained 0.68-1.00x from the block. Q4_K into L2 gained there too (0.84-1.01x, five runs
+    0.84, 0.91, 0.93, 0.93, 1.01), so it takes the block everywhere."""
+    return kind == Q4_K_KIND or not host_cpu().startswith("znver")
 
 
-LONE_BLOCK = lone_block()
+#: per weight type (Q8_0_KIND ..), lone_block's answer on this CPU
+LONE_BLOCK = {kind: lone_block(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
 _ACC = CHUNK * ROWS
 
 
@@ -547,7 +551,7 @@ def products(kind, packed, xq, xd, xs, out, lone_block):
     float32 d, xs (R, in / 16) int32 sums of 16 codes) times the packed matrix: per tile of 16
     rows, per 256 inputs, per activation row, one simd.py kernel: BLOCK rows a call sharing each
     weight load while as many remain, except a chunk of exactly BLOCK rows without lone_block
-    (LONE_BLOCK), which takes one row a call. The same bits either way."""
+    (LONE_BLOCK[kind]), which takes one row a call. The same bits either way."""
     n_tiles, n_super, tb = packed.shape
     n_rows, n_in = xq.shape
     n_d = xd.shape[1] // n_super  # d per 256 inputs: Q8_0 8, Q8_K 1
