@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     reports: dict[str, list[dict]] = {name: [] for name in names}
     with worktree(args.against) as checkout, tempfile.TemporaryDirectory() as tmp:
         for k in range(args.runs):
-            for name, tree in zip(names, (ROOT, checkout)):
+            # ABBA: a drift within a pair (the machine warming, a neighbour's load) then
+            # favours each tree alike
+            pair = list(zip(names, (ROOT, checkout)))
+            for name, tree in pair if k % 2 == 0 else pair[::-1]:
                 out = Path(tmp) / f"{k}-{len(reports[name])}-{name.replace(' ', '-')}"
                 reports[name].append(run_bench(tree, args, out))
                 rows = size_rows(reports[name][-1])
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Batch case: this tree against {other}", "",
              f"`s2core bench --case batch --types {args.types} --backends {args.backend} "
              f"--sizes {args.sizes} --layers {args.layers}`, {args.runs} alternated runs "
-             f"of each tree ({names[0]} first), each a fresh process. A cell: frames/s "
+             f"of each tree ({names[0]} first in odd runs, second in even ones), each a fresh "
+             "process. A cell: frames/s "
              "(against one sequence in the same run), step ms / Fast-AR ms a frame.", "",
              "| type | B | " + " | ".join(f"{n} run {k + 1}" for k in range(args.runs)
                                           for n in names) + " |",
