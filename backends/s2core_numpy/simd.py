@@ -109,9 +109,10 @@ class Emitter:
         return [ir.Constant(self.sums_t, [0] * self.sums_t.count)] * self.parts
 
     def prefetch(self, base, offset) -> None:
-        """Ask for the line at byte offset + ahead (prefetch.py: a tile-block two ahead, a
-        line per group read, overlaps the memory stream with this block's arithmetic; x86
-        prefetches never fault, past the end included), into L2 (PREFETCH_LOCALITY)."""
+        """Ask for the line at byte offset + ahead (prefetch.py: PREFETCH_BLOCKS tile-blocks
+        ahead, a line per group read, overlaps the memory stream with this block's
+        arithmetic; x86 prefetches never fault, past the end included), into L2
+        (PREFETCH_LOCALITY)."""
         at = self.b.add(offset, ir.Constant(offset.type, self.ahead))
         emit_prefetch(self.b, self.b.gep(base, [at]), PREFETCH_LOCALITY)
 
@@ -264,8 +265,12 @@ def scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
     return b.or_(b.and_(low, ir.Constant(_I32, 0xFFFF)), b.shl(high, ir.Constant(_I32, 16)))
 
 
-#: tile-blocks ahead of the one being computed whose lines the kernels ask for (prefetch.py)
-PREFETCH_BLOCKS = 2
+#: per type, tile-blocks ahead of the one being computed whose lines the kernels ask for
+#: (prefetch.py): 8, except Q8_0 in the AVX2 build, 2. One row a call of a 9728 x 2560 matrix
+#: streamed ran 4-10 % faster at 8 than at 2 on a Zen 4 (VNNI, every type; the AVX2 build's
+#: Q4_K and Q6_K too), rows in blocks the same, but the AVX2 build's Q8_0 row 3-12 % slower
+#: (docs/arithmetic.md, "Prefetching")
+PREFETCH_BLOCKS = {"q8_0": 2 if isa() == "avx2" else 8, "q4_k": 8, "q6_k": 8}
 
 #: where the kernels ask for those lines (prefetch.emit_prefetch): into L2 only. Asked into
 #: L1 as well, they pushed out the activation codes that several rows read again for every
@@ -279,14 +284,15 @@ PREFETCH_LOCALITY = 2
 BLOCK_ROWS = {"vnni": 4, "avx2": 4, "": 1}
 
 
-def _make(body, n_rows: int, tile_block_bytes: int):
+def _make(body, n_rows: int, ahead: int):
     """An intrinsic (codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step, out,
     out_at) -> None that adds `n_rows` activation rows' products with one tile-block
     (int_dots.py) to 16 float32 outputs each: codes uint8 (the tile-block at byte `at`), x int8
     codes (row r's 256 inputs from x_at + r * x_step), xd float32 d, xs int32 sums of 16 codes
     (likewise), out float32 (row r's 16 outputs from out_at + 16 r); 1-D contiguous arrays,
     int64 offsets. `body(emitter, pointers, rows)` emits the IR; rows[r] holds row r's offsets
-    (x_at, xd_at, xs_at, out_at) and `at` is pointers' companion."""
+    (x_at, xd_at, xs_at, out_at) and `at` is pointers' companion. Each group read asks for
+    the line `ahead` bytes on."""
 
     @intrinsic
     def kernel(typingctx, codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step,
@@ -308,8 +314,7 @@ def _make(body, n_rows: int, tile_block_bytes: int):
                 rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
                              builder.add(int64(9), step[2]),
                              builder.add(int64(12), _const(r * ROWS))])
-            body(Emitter(builder, isa(), PREFETCH_BLOCKS * tile_block_bytes), ptrs, int64(1),
-                 rows)
+            body(Emitter(builder, isa(), ahead), ptrs, int64(1), rows)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -497,13 +502,12 @@ def _q6_k(e: Emitter, ptrs, at, rows) -> None:
 
 #: tile-block bytes per type (16 rows x the file's bytes per 256 inputs)
 TILE_BLOCK_BYTES = {"q8_0": ROWS * 8 * 34, "q4_k": ROWS * 144, "q6_k": ROWS * 210}
+#: bytes ahead of each read that the kernels of a type ask for
+AHEAD = {name: TILE_BLOCK_BYTES[name] * PREFETCH_BLOCKS[name] for name in TILE_BLOCK_BYTES}
 #: per type, the kernel for one row and for BLOCK_ROWS[isa()] rows
-q8_0_block, q8_0_blocks = (_make(_q8_0, n, TILE_BLOCK_BYTES["q8_0"])
-                           for n in (1, BLOCK_ROWS[isa()]))
-q4_k_block, q4_k_blocks = (_make(_q4_k, n, TILE_BLOCK_BYTES["q4_k"])
-                           for n in (1, BLOCK_ROWS[isa()]))
-q6_k_block, q6_k_blocks = (_make(_q6_k, n, TILE_BLOCK_BYTES["q6_k"])
-                           for n in (1, BLOCK_ROWS[isa()]))
+q8_0_block, q8_0_blocks = (_make(_q8_0, n, AHEAD["q8_0"]) for n in (1, BLOCK_ROWS[isa()]))
+q4_k_block, q4_k_blocks = (_make(_q4_k, n, AHEAD["q4_k"]) for n in (1, BLOCK_ROWS[isa()]))
+q6_k_block, q6_k_blocks = (_make(_q6_k, n, AHEAD["q6_k"]) for n in (1, BLOCK_ROWS[isa()]))
 
 #: what signed weight codes are stored xor, by ISA (signed_dot)
 SIGNED_FLIP = {"vnni": 128, "avx2": 0, "": 0}
