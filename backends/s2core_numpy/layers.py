@@ -142,8 +142,7 @@ def run_block_rows(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     position `start`, whose caches of this layer are one float32 array each (B, n_head_kv,
     capacity, head_dim): the new rows go into the caches, then row_ops.attend_rows attends
     all B rows in one call (a call per sequence cost ~40 us of Python and thread start-up,
-    a tenth of a Fast-AR pass of 8 rows). Each row gets the numbers it gets alone."""
-    n = x.shape[0]
+    some 8 % of a Fast-AR pass of 8 rows). Each row gets the numbers it gets alone."""
     q, k, v = qkv_projection(x, blk, s, cos, sin, row_ops=row_ops)
     k_layer[:, :, start] = k
     v_layer[:, :, start] = v

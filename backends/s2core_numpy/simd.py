@@ -267,8 +267,9 @@ def scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
 
 #: per type, tile-blocks ahead of the one being computed whose lines the kernels ask for
 #: (prefetch.py): 8, except Q8_0 in the AVX2 build, 2. One row a call of a 9728 x 2560 matrix
-#: streamed ran 4-10 % faster at 8 than at 2 on a Zen 4 (VNNI, every type; the AVX2 build's
-#: Q4_K and Q6_K too), rows in blocks the same, but the AVX2 build's Q8_0 row 3-12 % slower
+#: streamed ran up to 10 % faster at 8 than at 2 on a Zen 4 (VNNI, every type; the AVX2
+#: build's Q4_K and Q6_K too), rows in blocks the same, but the AVX2 build's Q8_0 row 3-12 %
+#: slower
 #: (docs/arithmetic.md, "Prefetching")
 PREFETCH_BLOCKS = {"q8_0": 2 if isa() == "avx2" else 8, "q4_k": 8, "q6_k": 8}
 
