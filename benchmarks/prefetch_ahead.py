@@ -2,17 +2,19 @@
 """How far ahead the integer kernels ask for their lines (simd.PREFETCH_BLOCKS): the
 products with each distance, alternated, streaming from memory.
 
-    python benchmarks/prefetch_ahead.py [--blocks 2,8] [--types Q8_0,Q4_K,Q6_K] [--rows 1,4,8]
+    python benchmarks/prefetch_ahead.py [--blocks 0,2,8] [--types Q8_0,Q4_K,Q6_K] [--rows 1,4,8]
                                         [--matrices 40] [--reps 7]
 
 Each group a kernel reads asks for the line PREFETCH_BLOCKS tile-blocks on (simd.py,
-prefetch.py). For each distance in `--blocks` this builds the kernels anew at that distance
-and runs simd.products' own code over them (its function with the kernels it calls swapped,
-nothing copied), beside simd.products as configured ("current"); `--matrices` copies of one
-9728 x 2560 matrix (40 pass any L3) are multiplied in turn by each, the mean per product,
-median of `--reps` (kernel_rows.alternated_ms). Every way gives the same bits (checked).
-Writes benchmarks/results/prefetch-ahead-<date>-<time>.json with the CPU model, flags and
-numba's target (set NUMBA_CPU_NAME and NUMBA_CPU_FEATURES to HASWELL's for the AVX2 build).
+prefetch.py), except where a product of one row asks for none (simd.PREFETCH_ALONE). For
+each distance in `--blocks` (0: no hint at all) this builds every kernel anew at that
+distance and runs simd.products' own code over them (its function with the kernels it calls
+swapped, nothing copied), beside simd.products as configured ("current"); `--matrices`
+copies of one 9728 x 2560 matrix (40 pass any L3) are multiplied in turn by each, the mean
+per product, median of `--reps` (kernel_rows.alternated_ms). Every way gives the same bits
+(checked). Writes benchmarks/results/prefetch-ahead-<date>-<time>.json with the CPU model,
+flags and numba's target (set NUMBA_CPU_NAME and NUMBA_CPU_FEATURES to HASWELL's for the AVX2
+build).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def products_with(blocks: int):
     swapped = dict(vars(simd))
     for name, body in _BODIES.items():
         ahead = simd.TILE_BLOCK_BYTES[name] * blocks
-        swapped[f"{name}_block"] = simd._make(getattr(simd, body), 1, ahead)
+        swapped[f"{name}_block"] = swapped[f"{name}_alone"] = simd._make(getattr(simd, body),
+                                                                           1, ahead)
         swapped[f"{name}_blocks"] = simd._make(getattr(simd, body), simd.BLOCK, ahead)
     code = simd.products.py_func
     return njit(parallel=True)(types.FunctionType(code.__code__, swapped, code.__name__))
@@ -53,7 +56,7 @@ def products_with(blocks: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--blocks", default="2,8")
+    parser.add_argument("--blocks", default="0,2,8")
     parser.add_argument("--types", default="Q8_0,Q4_K,Q6_K")
     parser.add_argument("--rows", default="1,4,8")
     parser.add_argument("--reps", type=int, default=7)
@@ -89,7 +92,8 @@ def main() -> None:
     report = {"results": results, "matrices": args.matrices, "cpu_model": cpu_model(),
               "cpu_flags": cpu_flags(), "host_cpu": simd.host_cpu(), "isa": simd.isa(),
               "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
-              "prefetch_blocks": simd.PREFETCH_BLOCKS}
+              "prefetch_blocks": simd.PREFETCH_BLOCKS,
+              "prefetch_alone": {str(k): v for k, v in simd.PREFETCH_ALONE.items()}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "-avx2" if simd.isa() == "avx2" else ""

@@ -265,13 +265,11 @@ def scalar_pair16(b: ir.IRBuilder, low: ir.Value, high: ir.Value) -> ir.Value:
     return b.or_(b.and_(low, ir.Constant(_I32, 0xFFFF)), b.shl(high, ir.Constant(_I32, 16)))
 
 
-#: per type, tile-blocks ahead of the one being computed whose lines the kernels ask for
-#: (prefetch.py): 8, except Q8_0 in the AVX2 build, 2. One row a call of a 9728 x 2560 matrix
-#: streamed ran up to 10 % faster at 8 than at 2 on a Zen 4 (VNNI, every type; the AVX2
-#: build's Q4_K and Q6_K too), rows in blocks the same, but the AVX2 build's Q8_0 row 3-12 %
-#: slower
-#: (docs/arithmetic.md, "Prefetching")
-PREFETCH_BLOCKS = {"q8_0": 2 if isa() == "avx2" else 8, "q4_k": 8, "q6_k": 8}
+#: tile-blocks ahead of the one being computed whose lines the kernels ask for (prefetch.py):
+#: a 9728 x 2560 matrix streamed ran up to 10 % faster at 8 than at 2 on a Zen 4, rows in
+#: blocks the same or faster (docs/arithmetic.md, "Prefetching"); a product of one row may
+#: ask for none (PREFETCH_ALONE)
+PREFETCH_BLOCKS = 8
 
 #: where the kernels ask for those lines (prefetch.emit_prefetch): into L2 only. Asked into
 #: L1 as well, they pushed out the activation codes that several rows read again for every
@@ -504,7 +502,7 @@ def _q6_k(e: Emitter, ptrs, at, rows) -> None:
 #: tile-block bytes per type (16 rows x the file's bytes per 256 inputs)
 TILE_BLOCK_BYTES = {"q8_0": ROWS * 8 * 34, "q4_k": ROWS * 144, "q6_k": ROWS * 210}
 #: bytes ahead of each read that the kernels of a type ask for
-AHEAD = {name: TILE_BLOCK_BYTES[name] * PREFETCH_BLOCKS[name] for name in TILE_BLOCK_BYTES}
+AHEAD = {name: TILE_BLOCK_BYTES[name] * PREFETCH_BLOCKS for name in TILE_BLOCK_BYTES}
 #: per type, the kernel for one row and for BLOCK_ROWS[isa()] rows
 q8_0_block, q8_0_blocks = (_make(_q8_0, n, AHEAD["q8_0"]) for n in (1, BLOCK_ROWS[isa()]))
 q4_k_block, q4_k_blocks = (_make(_q4_k, n, AHEAD["q4_k"]) for n in (1, BLOCK_ROWS[isa()]))
@@ -547,6 +545,25 @@ def lone_block(kind: int) -> bool:
 
 #: per weight type (Q8_0_KIND ..), lone_block's answer on this CPU
 LONE_BLOCK = {kind: lone_block(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
+
+
+def prefetch_alone(kind: int) -> bool:
+    """Whether a product of a single activation row of weight type `kind` asks for lines
+    ahead: not for Q8_0 and Q4_K on AMD's Zen, whose own prefetcher streams their tile-blocks
+    (read in order) faster alone. A 9728 x 2560 row streamed on a Zen 4
+    (benchmarks/prefetch_ahead.py), no hint against eight tile-blocks ahead: Q8_0 0.77-0.82
+    against 0.80-0.88 ms, Q4_K 0.40-0.44 against 0.43-0.47 (the AVX2 build alike); Q6_K's
+    kernel reads each tile-block in three interleaved streams and took 1.07-1.09 without (1.88
+    in the AVX2 build) against 0.81. Rows in blocks took 1.4-2x without the hint."""
+    return kind == Q6_K_KIND or not host_cpu().startswith("znver")
+
+
+PREFETCH_ALONE = {kind: prefetch_alone(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
+#: per type, the kernel of a product of one row
+q8_0_alone, q4_k_alone, q6_k_alone = (
+    block if PREFETCH_ALONE[kind] else _make(body, 1, 0)
+    for kind, block, body in ((Q8_0_KIND, q8_0_block, _q8_0), (Q4_K_KIND, q4_k_block, _q4_k),
+                              (Q6_K_KIND, q6_k_block, _q6_k)))
 _ACC = CHUNK * ROWS
 
 
@@ -556,7 +573,8 @@ def products(kind, packed, xq, xd, xs, out, lone_block):
     float32 d, xs (R, in / 16) int32 sums of 16 codes) times the packed matrix: per tile of 16
     rows, per 256 inputs, per activation row, one simd.py kernel: BLOCK rows a call sharing each
     weight load while as many remain, except a chunk of exactly BLOCK rows without lone_block
-    (LONE_BLOCK[kind]), which takes one row a call. The same bits either way."""
+    (LONE_BLOCK[kind]), which takes one row a call; a product of one row takes the kernel
+    PREFETCH_ALONE says. The same bits every way."""
     n_tiles, n_super, tb = packed.shape
     n_rows, n_in = xq.shape
     n_d = xd.shape[1] // n_super  # d per 256 inputs: Q8_0 8, Q8_K 1
@@ -583,6 +601,14 @@ def products(kind, packed, xq, xd, xs, out, lone_block):
                         else:
                             q6_k_blocks(*args)
                         c += BLOCK
+                    elif n_rows == 1:  # a product of one row (PREFETCH_ALONE)
+                        if kind == Q8_0_KIND:
+                            q8_0_alone(*args)
+                        elif kind == Q4_K_KIND:
+                            q4_k_alone(*args)
+                        else:
+                            q6_k_alone(*args)
+                        c += 1
                     else:
                         if kind == Q8_0_KIND:
                             q8_0_block(*args)
