@@ -551,10 +551,10 @@ def prefetch_alone(kind: int) -> bool:
     """Whether a product of a single activation row of weight type `kind` asks for lines
     ahead: not for Q8_0 and Q4_K on AMD's Zen, whose own prefetcher streams their tile-blocks
     (read in order) faster alone. A 9728 x 2560 row streamed on a Zen 4
-    (benchmarks/prefetch_ahead.py), no hint against eight tile-blocks ahead: Q8_0 0.77-0.82
-    against 0.80-0.88 ms, Q4_K 0.40-0.44 against 0.43-0.47 (the AVX2 build alike); Q6_K's
-    kernel reads each tile-block in three interleaved streams and took 1.07-1.09 without (1.88
-    in the AVX2 build) against 0.81. Rows in blocks took 1.4-2x without the hint."""
+    (benchmarks/prefetch_ahead.py), no hint against eight tile-blocks ahead in the same run:
+    Q8_0 0.93-0.97x, Q4_K 0.85-0.94x (the AVX2 build alike); Q6_K's kernel reads each
+    tile-block in three interleaved streams and took 1.32-1.35x without (1.8x in the AVX2
+    build). Rows in blocks took 1.4-2x without the hint."""
     return kind == Q6_K_KIND or not host_cpu().startswith("znver")
 
 
