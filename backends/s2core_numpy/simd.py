@@ -559,11 +559,14 @@ def prefetch_alone(kind: int) -> bool:
 
 
 PREFETCH_ALONE = {kind: prefetch_alone(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
-#: per type, the kernel of a product of one row
+#: per type, the kernel of a product of one row. Compiled into `products`, whose on-disk cache
+#: numba keys on its target CPU, not the host: a cache shared by another host under the same
+#: NUMBA_CPU_NAME may bring the other choice (speed only: the same bits either way)
 q8_0_alone, q4_k_alone, q6_k_alone = (
     block if PREFETCH_ALONE[kind] else _make(body, 1, 0)
     for kind, block, body in ((Q8_0_KIND, q8_0_block, _q8_0), (Q4_K_KIND, q4_k_block, _q4_k),
                               (Q6_K_KIND, q6_k_block, _q6_k)))
+
 _ACC = CHUNK * ROWS
 
 
