@@ -1,5 +1,6 @@
 """What the A/B scripts (step_ab.py, batch_ab.py) share: another revision checked out beside
-the working tree, and the environment that makes a child process import a given tree.
+the working tree, the environment that makes a child process import a given tree, and the
+writing of a comparison's JSON and markdown.
 
 On this kind of VM the same measurement drifts by 15-50 % within minutes, so a figure taken
 once before a change and once after says little; these scripts run both trees alternately,
@@ -8,6 +9,7 @@ each in a fresh process, under the same drift."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import tempfile
@@ -40,3 +42,16 @@ def worktree(rev: str, root: Path = ROOT) -> Iterator[Path]:
 def tree_env(tree: Path) -> dict[str, str]:
     """os.environ with `tree`'s packages (s2core, and the backends) first on the path."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "backends")]))
+
+
+def write_report(out: str | Path, kind: str, tag: str, report: dict, lines: list[str]) -> Path:
+    """report as out/<kind>-<report["when"]>-<tag>.json and `lines` as its .md; prints the
+    lines and where they went. Returns the stem."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{kind}-{report['when']}-{tag}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"\nwrote {stem}.json, .md")
+    return stem

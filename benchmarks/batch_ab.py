@@ -28,7 +28,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from ab import revision, tree_env, worktree  # noqa: E402
+from ab import revision, tree_env, worktree, write_report  # noqa: E402
 from s2core.benchmarking import machine  # noqa: E402
 
 
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
              f"`s2core bench --case batch --types {args.types} --backends {args.backend} "
              f"--sizes {args.sizes} --layers {args.layers}`, {args.runs} alternated runs "
              f"of each tree ({names[0]} first in odd runs, second in even ones), each a fresh "
-             "process. A cell: frames/s "
-             "(against one sequence in the same run), step ms / Fast-AR ms a frame.", "",
+             "process. A cell: frames/s (against one sequence in the same run), step ms / "
+             "Fast-AR ms a frame.", "",
              "| type | B | " + " | ".join(f"{n} run {k + 1}" for k in range(args.runs)
                                           for n in names) + " |",
              "|---|---:|" + "---|" * (2 * args.runs)]
@@ -99,13 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{r['step_ms']:.1f} / {r['fast_ms']:.0f}")
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     lines += ["", f"Machine: {info.get('cpu_model', '?')}; flags recorded in the JSON."]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"batch-ab-{stamp}-{machine.machine_tag(info)}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwrote {stem}.json, .md")
+    write_report(args.out, "batch-ab", machine.machine_tag(info), report, lines)
     return 0
 
 

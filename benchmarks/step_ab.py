@@ -5,9 +5,10 @@
                                  [--runs 3] [--steps 22]
 
 This script checks REV out beside the working tree (ab.py says why), then runs, alternately
-and each in a fresh process, this tree and REV: load the S2 Pro-shaped model of `--type` (written once into the model
-cache, as `s2core bench` does), prefill a 256-position prompt (timed), then `--steps` decode
-steps (the median after three warm-up steps). Alternating puts both under the same drift.
+and each in a fresh process, this tree and REV: load the S2 Pro-shaped model of `--type`
+(written once into the model cache, as `s2core bench` does), prefill a 256-position prompt
+(timed), then `--steps` decode steps (the median after three warm-up steps). Alternating
+puts both under the same drift.
 Results go to benchmarks/results/step-ab-<date>-<time>-<machine tag>.json and .md.
 """
 
@@ -26,7 +27,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from ab import revision, tree_env, worktree  # noqa: E402
+from ab import revision, tree_env, worktree, write_report  # noqa: E402
 from s2core.benchmarking import machine  # noqa: E402
 from s2core.benchmarking.config import BenchConfig  # noqa: E402
 from s2core.benchmarking.models import prepare_model  # noqa: E402
@@ -99,13 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = " / ".join(f"{r['step_ms']:.1f}" for r in rs)
         middle = statistics.median(r["step_ms"] for r in rs)
         lines.append(f"| {name} | {prefills} | {steps} | {middle:.1f} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"step-ab-{stamp}-{machine.machine_tag(info)}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"\nwrote {stem}.json, .md")
+    write_report(args.out, "step-ab", machine.machine_tag(info), report, lines)
     return 0
 
 

@@ -554,15 +554,28 @@ def kernel_block(block: KV | None, rows: int | None = None) -> tuple:
     return k, v, k.shape[1] if rows is None else rows
 
 
+def sequence_blocks(keys: Keys) -> tuple:
+    """keys' three blocks as the kernels take them (kernel_block), each with a leading
+    sequence axis of 1: (k0, v0, n0, k1, v1, n1, k2, v2, n2), every sequence's."""
+    blocks = (*kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
+              *kernel_block(keys.new))
+    return tuple(b[None] if isinstance(b, np.ndarray) else b for b in blocks)
+
+
+def cache_blocks(k: np.ndarray, v: np.ndarray, end: int) -> tuple:
+    """The three blocks of B sequences whose rows [0, end) are all in their own caches (k, v
+    (B, n_kv, capacity, d)): no prefix, the caches, no new rows."""
+    k, v, _ = kernel_block((k, v))
+    empty = _NO_ROWS[None]
+    return empty, empty, 0, k, v, end, empty, empty, 0
+
+
 def attend_last(q: np.ndarray, keys: Keys, scale: float) -> np.ndarray:
     """ops.causal_attention for one query row at position keys.end - 1: q (1, n_head, d).
     Every block of keys is read where it is held. Returns (1, n_head * d)."""
     n, n_head, d = q.shape
     out = np.empty((1, n_head, d), np.float32)
-    blocks = (*kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
-              *kernel_block(keys.new))
-    _attend_last(np.ascontiguousarray(q[:1]), keys.cache[0].shape[0],
-                 *(b[None] if isinstance(b, np.ndarray) else b for b in blocks),
+    _attend_last(np.ascontiguousarray(q[:1]), keys.cache[0].shape[0], *sequence_blocks(keys),
                  np.float32(scale), out)
     return out.reshape(1, n_head * d)
 
@@ -575,8 +588,6 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int,
     alone."""
     n_seq, n_head, d = q.shape
     out = np.empty((n_seq, n_head, d), np.float32)
-    k, v, _ = kernel_block((k, v))
-    empty = _NO_ROWS[None]
-    _attend_last(np.ascontiguousarray(q, dtype=np.float32), k.shape[1], empty, empty, 0,
-                 k, v, end, empty, empty, 0, np.float32(scale), out)
+    _attend_last(np.ascontiguousarray(q, dtype=np.float32), k.shape[1],
+                 *cache_blocks(k, v, end), np.float32(scale), out)
     return out.reshape(n_seq, n_head * d)

@@ -56,7 +56,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .attention import kernel_block, vector_shape
+from .attention import cache_blocks, sequence_blocks, vector_shape
 from .f16 import as_float32, round_to_half, value_f32, widen_half, widen_half_lanes
 from .ops import Keys, RowOps
 from .prefetch import emit_prefetch
@@ -535,10 +535,8 @@ def attention(q: np.ndarray, keys: Keys, q_start: int, scale: float) -> np.ndarr
     soft_max, mul_mat). `scale` is ggml's own, float(1 / sqrtf(d)), whatever is passed."""
     n, n_head, d = q.shape
     out = np.empty((1, n, n_head, d), _F32)
-    blocks = (*kernel_block(keys.prefix), *kernel_block(keys.cache, keys.n_cached),
-              *kernel_block(keys.new))
     _attend(np.ascontiguousarray(q, dtype=_F32)[None], q_start, keys.cache[0].shape[0],
-            *(b[None] if isinstance(b, np.ndarray) else b for b in blocks), out)
+            *sequence_blocks(keys), out)
     return out.reshape(n, n_head * d)
 
 
@@ -548,10 +546,8 @@ def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, end: int,
     row at position end - 1 over its cache's rows [0, end) (k, v (B, n_kv, capacity, d))."""
     n_seq, n_head, d = q.shape
     out = np.empty((n_seq, 1, n_head, d), _F32)
-    k, v, _ = kernel_block((k, v))
-    empty = kernel_block(None)[0][None]
-    _attend(np.ascontiguousarray(q, dtype=_F32)[:, None], end - 1, k.shape[1], empty, empty,
-            0, k, v, end, empty, empty, 0, out)
+    _attend(np.ascontiguousarray(q, dtype=_F32)[:, None], end - 1, k.shape[1],
+            *cache_blocks(k, v, end), out)
     return out.reshape(n_seq, n_head * d)
 
 

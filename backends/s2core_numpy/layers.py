@@ -96,6 +96,13 @@ def run_block(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
     attn = attention(q, keys, q_start, s.attn_scale, on_workers, row_ops)
     keep_rows(k_cache, v_cache, start, keys)
     on_workers = on_workers and x.shape[0] > 1
+    return block_tail(x, attn, blk, s, row_ops, on_workers)
+
+
+def block_tail(x: np.ndarray, attn: np.ndarray, blk: BlockWeights, s: StackShape,
+               row_ops: RowOps, on_workers: bool = False) -> np.ndarray:
+    """What follows a block's attention: its output projection added to x, then the
+    feed-forward (RMSNorm, SwiGLU of the gate and up products, down product) added on."""
     h = x + linear(attn, blk.wo, on_workers)
     f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
     gate_up = row_ops.swiglu(linear(f, blk.w1, on_workers), linear(f, blk.w3, on_workers))
@@ -130,9 +137,7 @@ def run_block_segments(x: np.ndarray, blk, s: StackShape, cos: np.ndarray, sin: 
     if sum(hi - lo for lo, hi in kept) != x.shape[0]:  # last_only dropped earlier rows
         x = np.concatenate([x[lo:hi] for lo, hi in kept])
     a = attn[0] if len(attn) == 1 else np.concatenate(attn)
-    h = x + linear(a, blk.wo)
-    f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
-    return h + linear(row_ops.swiglu(linear(f, blk.w1), linear(f, blk.w3)), blk.w2)
+    return block_tail(x, a, blk, s, row_ops)
 
 
 def run_block_rows(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndarray,
@@ -147,9 +152,7 @@ def run_block_rows(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     k_layer[:, :, start] = k
     v_layer[:, :, start] = v
     a = row_ops.attend_rows(q, k_layer, v_layer, start + 1, s.attn_scale)
-    h = x + linear(a, blk.wo)
-    f = row_ops.rms_norm(h, blk.ffn_norm, s.eps)
-    return h + linear(row_ops.swiglu(linear(f, blk.w1), linear(f, blk.w3)), blk.w2)
+    return block_tail(x, a, blk, s, row_ops)
 
 
 def embed(embeddings: Weight, model_file: ModelFile, batch: EvalBatch) -> np.ndarray:
