@@ -539,7 +539,7 @@ def lone_block(kind: int) -> bool:
     1.89x, Q4_K 1.75x, Q6_K 2.96x, the AVX2 build 1.46x, 1.03x, 1.37x; Zen 4 into L2: Q8_0
     1.10-1.45x, Q6_K 1.01-1.40x), while 6 and 8 rows, where another call comes between,
     gained 0.68-1.00x from the block. Q4_K into L2 gained there too (0.83-1.01x in six
-    runs), so it takes the block everywhere."""
+    runs over two sessions), so it takes the block everywhere."""
     return kind == Q4_K_KIND or not host_cpu().startswith("znver")
 
 
