@@ -36,6 +36,7 @@ from s2core.embedded.default import (DEFAULT_REFERENCE_FRAMES, DEFAULT_TRANSCRIP
 from s2core.embedded.writer import demo_hparams
 from s2core.generation.loop import GenerationConfig
 from s2core.cli.progress import Progress
+from s2core.cli.compile_time import compile_time
 from s2core.cli.speak import FrameProgress, report_lines
 from s2core.speak.pipeline import SpeakResult, speak
 from s2core.speak.audio_out import AudioOut
@@ -65,6 +66,7 @@ class DemoReport:
     model_from_cache: bool = False      # the model file was already there (write_s is a lookup)
     wav: Path | None = None
     codec_load_s: float = 0.0
+    compile_s: float = 0.0              # numba compiling, inside the phases (compile_time.py)
 
 
 def demo_assets(weight_type: str = "f16", seed: int = 0) -> tuple[Path, Path, bool, float]:
@@ -86,38 +88,40 @@ def run_demo(backend: str | None = None, steps: int = 32, weight_type: str = "f1
         export_demo(Path(export), path, tok_path, out)
         return None
 
-    t = time.perf_counter()
-    model = s2core.load(path, backend=backend)
-    load_s = time.perf_counter() - t
-    t = time.perf_counter()
-    codec = s2core.load_codec(path)
-    codec_load_s = time.perf_counter() - t
-    tokenizer = Tokenizer.from_file(tok_path)
-    caps = model.capabilities
-    print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
-          f"KV cache {caps.kv_cache_dtype})", file=out)
-    print(f"model        {path} ({path.stat().st_size / 1e6:.1f} MB, {weight_type}, "
-          f"{hp.n_layer} layers, dim {hp.dim}; codec inside)", file=out)
-    print(f"codec        {codec.backend_name}, {codec.sample_rate} Hz, "
-          f"{codec.samples_per_frame} samples a frame", file=out)
-    print(f"tokenizer    {tok_path}", file=out)
+    with compile_time() as compiling:  # the table names a first run's compiling
+        t = time.perf_counter()
+        model = s2core.load(path, backend=backend)
+        load_s = time.perf_counter() - t
+        t = time.perf_counter()
+        codec = s2core.load_codec(path)
+        codec_load_s = time.perf_counter() - t
+        tokenizer = Tokenizer.from_file(tok_path)
+        caps = model.capabilities
+        print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
+              f"KV cache {caps.kv_cache_dtype})", file=out)
+        print(f"model        {path} ({path.stat().st_size / 1e6:.1f} MB, {weight_type}, "
+              f"{hp.n_layer} layers, dim {hp.dim}; codec inside)", file=out)
+        print(f"codec        {codec.backend_name}, {codec.sample_rate} Hz, "
+              f"{codec.samples_per_frame} samples a frame", file=out)
+        print(f"tokenizer    {tok_path}", file=out)
 
-    library = VoiceLibrary(cache_dir() / "voices")
-    saved = DEMO_VOICE in library.names()
-    voice_args = (dict(voice=DEMO_VOICE) if saved else
-                  dict(reference_codes=demo_reference(hp), reference_text=DEMO_TRANSCRIPT,
-                       save_voice=DEMO_VOICE))
-    config = GenerationConfig(max_new_tokens=steps, min_tokens_before_end=steps, seed=seed,
-                              im_end_id=tokenizer.im_end_id)
-    progress = FrameProgress()
-    with model, codec, WavWriter(wav, codec.sample_rate) as writer:
-        audio = AudioOut(codec, stream=True, on_audio=writer.write)
-        result = speak(model, tokenizer, DEMO_TEXT, voices_dir=library.directory, config=config,
-                       on_frame=progress, audio=audio, say=lambda msg: print(msg, file=out),
-                       **voice_args)
+        library = VoiceLibrary(cache_dir() / "voices")
+        saved = DEMO_VOICE in library.names()
+        voice_args = (dict(voice=DEMO_VOICE) if saved else
+                      dict(reference_codes=demo_reference(hp), reference_text=DEMO_TRANSCRIPT,
+                           save_voice=DEMO_VOICE))
+        config = GenerationConfig(max_new_tokens=steps, min_tokens_before_end=steps, seed=seed,
+                                  im_end_id=tokenizer.im_end_id)
+        progress = FrameProgress()
+        with model, codec, WavWriter(wav, codec.sample_rate) as writer:
+            audio = AudioOut(codec, stream=True, on_audio=writer.write)
+            result = speak(model, tokenizer, DEMO_TEXT, voices_dir=library.directory,
+                           config=config, on_frame=progress, audio=audio,
+                           say=lambda msg: print(msg, file=out), **voice_args)
     progress.close()
     report = DemoReport(model.backend.name, str(path), result.prompt_positions, result.codes,
-                        write_s, load_s, result, from_cache, Path(wav), codec_load_s)
+                        write_s, load_s, result, from_cache, Path(wav), codec_load_s,
+                        compiling.seconds)
     _print_report(report, out)
     return report
 
@@ -148,7 +152,8 @@ def export_demo(directory: Path, model: Path, tokenizer: Path, out) -> None:
 def _print_report(r: DemoReport, out) -> None:
     label = "model (from the cache)" if r.model_from_cache else "model write"
     print(f"{label:<22}{r.write_s:9.3f}", file=out)
-    for line in report_lines(r.result, r.load_s, codec_load_s=r.codec_load_s):
+    for line in report_lines(r.result, r.load_s, codec_load_s=r.codec_load_s,
+                             compile_s=r.compile_s):
         print(line, file=out)
     n = r.frames.shape[1]
     print(f"generated    {n} frames; first frame codes: "

@@ -21,6 +21,7 @@ from s2core.speak.audio_out import AudioOut, check_codec_fits, reference_codes_f
 from s2core.speak.pipeline import SpeakResult, speak
 from s2core.text.tokenizer import MAX_TEXT_CHARS, Tokenizer
 from s2core.cli.codec import positive_float, positive_int
+from s2core.cli.compile_time import compile_time
 from s2core.voice.library import VoiceLibrary
 
 #: the longest reference codes file read: 5 minutes at 21.5 frames a second
@@ -69,7 +70,7 @@ class FrameProgress:
 
 def report_lines(result: SpeakResult, load_s: float | None = None,
                  tokenizer_s: float | None = None, codec_load_s: float | None = None,
-                 encode_s: float | None = None) -> list[str]:
+                 encode_s: float | None = None, compile_s: float = 0.0) -> list[str]:
     """The timing table printed at the end of `s2core speak` and `s2core demo`."""
     s, v, a = result.stats, result.voice, result.audio_stats
     lines = [f"{'phase':<22}{'seconds':>9}  notes"]
@@ -120,6 +121,9 @@ def report_lines(result: SpeakResult, load_s: float | None = None,
             row("first audio", a.first_audio_s, "from the start of generation")
     total = s.total_s + (a.decode_s - streamed_s if a is not None else 0.0)
     row("total", total, f"stopped by {s.stopped_by}")
+    if compile_s > 0:
+        row("  numba compiling", compile_s, "once, inside the phases above: the kernels stay "
+            "in numba's disk cache for later runs")
     return lines
 
 
@@ -149,49 +153,51 @@ def run_command(args: Any, out: TextIO | None = None, err: TextIO | None = None)
         top_k=args.top_k, min_tokens_before_end=args.min_tokens_before_end, seed=args.seed,
         im_end_id=tokenizer.im_end_id)
     options = {} if args.kv_cache_dtype is None else {"kv_cache_dtype": args.kv_cache_dtype}
-    t = time.perf_counter()
-    model = s2core.load(args.model, backend=args.backend, **options)
-    load_s = time.perf_counter() - t
-    caps = model.capabilities
-    print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
-          f"KV cache {caps.kv_cache_dtype})", file=out)
-    codec = wav = None
-    codec_load_s = encode_s = None
-    progress = FrameProgress(err)
-    try:
-        if args.wav is not None or args.reference_audio is not None:
-            t = time.perf_counter()
-            codec = s2core.load_codec(args.codec or args.model, backend=args.codec_backend)
-            codec_load_s = time.perf_counter() - t
-            check_codec_fits(codec, model.hparams)
-            print(f"codec        {codec.backend_name}, {codec.sample_rate} Hz, "
-                  f"{codec.samples_per_frame} samples a frame, from {codec.codec_file.path}",
-                  file=out)
-        if args.reference_audio is not None:
-            t = time.perf_counter()
-            reference = reference_codes_from_audio(codec, args.reference_audio, audio_limits)
-            encode_s = time.perf_counter() - t
-            say(f"reference audio: {args.reference_audio} -> codes {list(reference.shape)}")
-        audio = None
-        if args.wav is not None:
-            if args.stream:
-                wav = WavWriter(wav_path, codec.sample_rate)
-            audio = AudioOut(codec, stream=args.stream,
-                             on_audio=None if wav is None else wav.write)
-        result = speak(model, tokenizer, args.text, reference_codes=reference,
-                       reference_text=args.reference_text, voice=args.voice,
-                       save_voice=args.save_voice, voices_dir=args.voices_dir, config=config,
-                       on_frame=progress, audio=audio, say=say)
-    finally:
-        progress.close()
-        if wav is not None:
-            wav.close()  # a complete WAV of what was made, even after Ctrl-C
-        if codec is not None:
-            codec.close()
-        model.close()
+    with compile_time() as compiling:  # the table names a first run's compiling
+        t = time.perf_counter()
+        model = s2core.load(args.model, backend=args.backend, **options)
+        load_s = time.perf_counter() - t
+        caps = model.capabilities
+        print(f"backend      {model.backend.name} on {caps.device} (compute {caps.compute_dtype}, "
+              f"KV cache {caps.kv_cache_dtype})", file=out)
+        codec = wav = None
+        codec_load_s = encode_s = None
+        progress = FrameProgress(err)
+        try:
+            if args.wav is not None or args.reference_audio is not None:
+                t = time.perf_counter()
+                codec = s2core.load_codec(args.codec or args.model, backend=args.codec_backend)
+                codec_load_s = time.perf_counter() - t
+                check_codec_fits(codec, model.hparams)
+                print(f"codec        {codec.backend_name}, {codec.sample_rate} Hz, "
+                      f"{codec.samples_per_frame} samples a frame, from {codec.codec_file.path}",
+                      file=out)
+            if args.reference_audio is not None:
+                t = time.perf_counter()
+                reference = reference_codes_from_audio(codec, args.reference_audio, audio_limits)
+                encode_s = time.perf_counter() - t
+                say(f"reference audio: {args.reference_audio} -> codes {list(reference.shape)}")
+            audio = None
+            if args.wav is not None:
+                if args.stream:
+                    wav = WavWriter(wav_path, codec.sample_rate)
+                audio = AudioOut(codec, stream=args.stream,
+                                 on_audio=None if wav is None else wav.write)
+            result = speak(model, tokenizer, args.text, reference_codes=reference,
+                           reference_text=args.reference_text, voice=args.voice,
+                           save_voice=args.save_voice, voices_dir=args.voices_dir, config=config,
+                           on_frame=progress, audio=audio, say=say)
+        finally:
+            progress.close()
+            if wav is not None:
+                wav.close()  # a complete WAV of what was made, even after Ctrl-C
+            if codec is not None:
+                codec.close()
+            model.close()
     if wav_path is not None and wav is None:
         write_wav(wav_path, result.audio, codec.sample_rate)
-    for line in report_lines(result, load_s, tokenizer_s, codec_load_s, encode_s):
+    for line in report_lines(result, load_s, tokenizer_s, codec_load_s, encode_s,
+                             compiling.seconds):
         print(line, file=out)
     if codes_path is not None:
         write_codes(codes_path, result.codes)
