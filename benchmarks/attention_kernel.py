@@ -31,9 +31,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
+# a checkout that is not pip-installed; after PYTHONPATH's entries, so that an older
+# checkout named there is the one measured (inserted first, this checkout shadowed it)
+_AFTER_PYTHONPATH = 1 + len([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+for path in (ROOT, ROOT / "backends"):
     if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+        sys.path.insert(_AFTER_PYTHONPATH, str(path))
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine.describe(), "cpu_model": machine.cpu_model(),
         "cpu_flags": machine.cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
         "kernel_module": row_kernels.attend_last.__module__, "ops": args.ops,
+        "kernel_file": sys.modules[row_kernels.attend_last.__module__].__file__,
         "layers": args.layers, "rounds": args.rounds, "shape": {
             "n_head": N_HEAD, "n_kv": N_KV, "head_dim": HEAD_DIM},
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
