@@ -26,10 +26,11 @@ were:
   16 values: 0.37 ms; the same asking for each line 2 KB ahead: 0.18 ms). Every K and V
   line is asked for `AHEAD_BYTES` ahead, one prefetch as each line is read (a burst of all
   of a row's lines at once measured slower than none): the kernel went from 1.8x to ~1.4x
-  the plain read of its bytes.
+  the plain read of its bytes where it was first measured. On a Zen 4 the same took
+  1.7-2.1x; asked into L2 only (`PREFETCH_LOCALITY`), 16 KB ahead, 1.2-1.3x there.
 
-At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes 1.4-1.5x
-the plain read of its bytes (0.38-0.47 ms a layer). From L2 a K row's scores take ~9.6 ns
+At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes
+1.2-1.3x the plain read of its bytes on a Zen 4 (0.30-0.35 ms a layer). From L2 a K row's scores take ~9.6 ns
 and a V row's sums ~8 ns on one core, about what their 64 multiply-adds and 16 float16
 conversions take at two vector instructions a cycle.
 
@@ -99,8 +100,14 @@ COLUMNS = LANES * (_REGISTERS // (2 * HEADS))
 #: bytes of V rows each pass over COLUMNS columns runs over before the next pass takes them
 #: from L1 (a third of a 48 KB L1)
 V_ROWS_BYTES = 16384
-#: how far ahead of the K or V line being read the kernels ask for one (~32 f16 rows of 128)
-AHEAD_BYTES = 8192
+#: how far ahead of the K or V line being read the kernels ask for one (~64 f16 rows of 128)
+AHEAD_BYTES = 16384
+#: where they ask for it (prefetch.emit_prefetch): into L2 only. On a Zen 4, at 2048
+#: positions, the f16 kernel took 1.19-1.32x the plain read of its bytes on two cores this
+#: way against 1.72-2.11x asking into L1 8 KB ahead (one core 1.39-1.51x against 2.39-2.40x;
+#: the f32 cache 1.24-1.29x against 1.83-2.32x), the trees alternated three times
+#: (benchmarks/attention_kernel.py, docs/arithmetic.md "Prefetching")
+PREFETCH_LOCALITY = 2
 #: bytes of a cache line: one prefetch each
 _LINE = 64
 
@@ -238,9 +245,9 @@ class _Vectors:
         return [cgutils.alloca_once(self.b, self.type) for _ in range(n)]
 
     def prefetch(self, data, at) -> None:
-        """Ask for the cache line holding element `at` (x86 and ARM prefetches never fault:
-        past the end of the array too)."""
-        emit_prefetch(self.b, self.b.gep(data, [at]))
+        """Ask for the cache line holding element `at` into L2 (x86 and ARM prefetches
+        never fault: past the end of the array too)."""
+        emit_prefetch(self.b, self.b.gep(data, [at]), PREFETCH_LOCALITY)
 
 
 @intrinsic
