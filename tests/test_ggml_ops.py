@@ -276,3 +276,93 @@ def test_activations_rounded_to_half_as_numpy_rounds_them():
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.fixture(scope="module")
+def plain_attention():
+    """ggml's attention (scores by ggml_vec_dot_f32, scale, mask, ggml's softmax, each output
+    column as ggml_vec_dot_f32 of the weights with V's column) as plain loops over one head
+    and position at a time: what ggml_ops' blocked kernels (score_block, lane_block) must give
+    bit for bit."""
+    from numba import njit
+
+    fma32, first_fused, softmax_row = ggml_ops.fma32, ggml_ops.first_fused, ggml_ops.softmax_row
+
+    @njit
+    def dot(x, y, lanes):
+        """ggml_vec_dot_f32 of two rows: their elements one by one into the 32 lanes, the
+        lanes' tree, then the elements past the last 32."""
+        whole = x.shape[0] & ~31
+        lanes[:] = F32(0)
+        for i in range(whole):
+            lanes[i & 31] = fma32(x[i], y[i], lanes[i & 31])
+        return _rest(x, y, whole, tree(lanes))
+
+    @njit
+    def tree(lanes):
+        s = np.empty(8, np.float32)
+        for e in range(8):
+            s[e] = (lanes[e] + lanes[16 + e]) + (lanes[8 + e] + lanes[24 + e])
+        t0, t1, t2, t3 = s[0] + s[4], s[1] + s[5], s[2] + s[6], s[3] + s[7]
+        return (t0 + t1) + (t2 + t3)
+
+    @njit
+    def _rest(x, y, whole, total):
+        fused = first_fused(x.shape[0])
+        for i in range(whole, x.shape[0]):
+            total = total + x[i] * y[i] if i < fused else fma32(x[i], y[i], total)
+        return total
+
+    @njit
+    def attend(q, k, v, first, out):
+        n, n_head, d = q.shape
+        n_kv, end = k.shape[0], k.shape[1]
+        group = n_head // n_kv
+        scale = F32(1) / np.sqrt(F32(d))
+        lanes = np.empty(32, np.float32)
+        w = np.empty(end, np.float32)
+        column = np.empty(end, np.float32)
+        for i in range(n):
+            for h in range(n_head):
+                kh = h // group
+                for t in range(end):
+                    score = dot(k[kh, t], q[i, h], lanes)
+                    w[t] = score * scale if t <= first + i else -np.inf
+                softmax_row(w, end)
+                for c in range(d):
+                    for t in range(end):
+                        column[t] = v[kh, t, c]
+                    whole = end & ~31
+                    lanes[:] = F32(0)
+                    for t in range(whole):
+                        if w[t] != F32(0):  # a masked position adds nothing
+                            lanes[t & 31] = fma32(column[t], w[t], lanes[t & 31])
+                    out[i, h, c] = _rest(column, w, whole, tree(lanes))
+
+    return attend
+
+
+@pytest.mark.parametrize("positions, d, n_head, rows", [
+    (300, 128, 8, 1), (2048 + 13, 128, 8, 1), (290, 64, 6, 4), (90, 48, 2, 2)])
+def test_attention_at_long_contexts_is_the_plain_transcription(plain_attention, positions, d,
+                                                                n_head, rows):
+    """The blocked kernels over many positions (several V_CHUNK passes, lanes past the last
+    32, a prefill's masked rows, groups of 4, 3 and 1 heads, widths with and without columns
+    past the last 32, an infinite V value at masked positions) give the plain loops' bits,
+    from a float16 cache."""
+    rng = np.random.default_rng(positions)
+    n_kv = 2
+    k = (rng.standard_normal((n_kv, positions, d)) * 2).astype(np.float16)
+    v = rng.standard_normal((n_kv, positions, d)).astype(np.float16)
+    q = rng.standard_normal((rows, n_head, d)).astype(F32)
+    first = positions - rows
+    if rows > 1:  # masked for the first row (in the lanes for 290 positions): adds nothing
+        v[:, first + 1, 0] = np.inf
+    want = np.empty((rows, n_head, d), F32)
+    plain_attention(q, k.astype(F32), v.astype(F32), first, want)
+    cache_k, cache_v = (np.zeros((n_kv, positions + 5, d), np.float16) for _ in range(2))
+    cache_k[:, :first], cache_v[:, :first] = k[:, :first], v[:, :first]
+    new = (np.ascontiguousarray(k[:, first:].astype(F32)),
+           np.ascontiguousarray(v[:, first:].astype(F32)))  # the call's own rows
+    got = ggml_ops.attention(q, Keys(None, (cache_k, cache_v), first, new), first, 0.0)
+    assert np.array_equal(got.reshape(rows, n_head, d).view(np.uint32), want.view(np.uint32))

@@ -42,10 +42,13 @@ F32 matrices: `GgmlRows`); NumpyBackend._row_ops says why not on quantized ones.
 
 The 32 lanes are written as one LLVM vector (`fma_lanes`, `tree_lanes`); the products' inner
 loop as one LLVM loop over a block of rows and outputs (`block_dots`), so the accumulators
-stay in registers and each weight vector is widened once for several rows. The rest are plain
-numba loops, not tuned as attention.py's kernel is. At long contexts the attention costs
-more than that kernel (2048 positions: 1.19 ms a layer against 0.38): arithmetic="ggml" buys
-s2.cpp's numbers with it.
+stay in registers and each weight vector is widened once for several rows. The attention's
+scores take four K rows and two heads a call (`score_block`: their eight lane trees share
+their shuffles), its V sums one lane's positions for four heads a call (`lane_block`: the
+lanes stay in registers over the positions); both give the plain loops' bits
+(tests/test_ggml_ops.py). At 2048 positions (f16 cache, two cores, a Zen 4) that took the
+attention from 4.9-6.1x the plain read of its bytes to 1.7-2.5x (0.42-0.77 ms a layer;
+attention.py's own kernel, in its own order, 1.2-1.3x). The rest are plain numba loops.
 """
 
 from __future__ import annotations
@@ -444,39 +447,318 @@ def _row_of(t, k0, n0, k1, n1, k2, kh, buffer):
         _widen_row(k2, kh, t - n0 - n1, buffer)
 
 
+#: K rows and query heads one score_block call takes: their 4 x 2 accumulators of 32 lanes
+#: (16 AVX-512 registers), a chunk of each row and each query (12 more) fit the 32 registers
+SCORE_ROWS, SCORE_HEADS = 4, 2
+#: how far ahead of the K line being read score_block asks for one, into L2 (attention.py's
+#: distance and level, measured there)
+SCORE_AHEAD_BYTES = 16384
+
+
+def _split(builder, vector, start: int, n: int):
+    """Lanes start .. start + n - 1 of a vector."""
+    i32 = ir.IntType(32)
+    return builder.shuffle_vector(vector, vector, ir.Constant(ir.VectorType(i32, n),
+                                                              list(range(start, start + n))))
+
+
+def _pick(builder, a, b, lanes: list):
+    """A vector of a's lanes then b's, by index into their concatenation."""
+    i32 = ir.IntType(32)
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(lanes)), lanes))
+
+
+@intrinsic
+def score_block(typingctx, k, k_at, d, q, q_at0, q_at1, w, w_at0, w_at1):
+    """w[w_at_h + p] = dot_f32 of K row p (flat, from k_at + p * d; float32 or float16 bits)
+    with the query at q_at_h (float32), for the SCORE_ROWS rows p and the two heads h, d a
+    multiple of 32: each lane's multiply-adds in element order (fma_lanes from zero), the
+    lanes summed in tree_lanes' order, the same bits. The eight trees share their shuffles:
+    each step pairs the same lanes as tree_lanes does, two or more trees a vector."""
+    if not (_is_1d(k, types.float32, types.int16) and _is_1d(q, types.float32)
+            and _is_1d(w, types.float32)):
+        return None
+    sig = types.void(k, types.intp, types.intp, q, types.intp, types.intp, w, types.intp,
+                     types.intp)
+
+    def codegen(context, builder, signature, args):
+        k_v, k_at, d, q_v, q_at0, q_at1, w_v, w_at0, w_at1 = args
+        k_t, q_t, w_t = signature.args[0], signature.args[3], signature.args[6]
+        intp = k_at.type
+        floats = ir.VectorType(ir.FloatType(), LANES)
+        zero = ir.Constant(floats, [0.0] * LANES)
+        chunks = builder.udiv(d, ir.Constant(intp, LANES))
+        item_size = 2 if isinstance(k_t.dtype, types.Integer) else 4
+        entry = builder.basic_block
+        loop = builder.append_basic_block("score_block.loop")
+        done = builder.append_basic_block("score_block.done")
+        builder.branch(loop)
+
+        builder.position_at_end(loop)
+        c = builder.phi(intp)
+        c.add_incoming(ir.Constant(intp, 0), entry)
+        accs = [builder.phi(floats) for _ in range(SCORE_ROWS * SCORE_HEADS)]  # [h][p]
+        for a in accs:
+            a.add_incoming(zero, entry)
+        offset = builder.mul(c, ir.Constant(intp, LANES))
+        queries = [_load_lanes(context, builder, q_t, q_v, builder.add(at, offset))
+                   for at in (q_at0, q_at1)]
+        new = [None] * len(accs)
+        for p in range(SCORE_ROWS):
+            at = builder.add(builder.add(k_at, builder.mul(d, ir.Constant(intp, p))), offset)
+            for line in range(0, LANES * item_size, 64):
+                ahead = builder.add(at, ir.Constant(intp, (SCORE_AHEAD_BYTES + line)
+                                                    // item_size))
+                emit_prefetch(builder, _lanes_pointer(context, builder, k_t, k_v, ahead),
+                              locality=2)
+            row = _load_lanes(context, builder, k_t, k_v, at)
+            for h, query in enumerate(queries):
+                i = h * SCORE_ROWS + p
+                new[i] = _fma_lanes(builder, row, query, accs[i])
+        c_next = builder.add(c, ir.Constant(intp, 1))
+        body_end = builder.basic_block
+        c.add_incoming(c_next, body_end)
+        for a, v in zip(accs, new):
+            a.add_incoming(v, body_end)
+        builder.cbranch(builder.icmp_unsigned("<", c_next, chunks), loop, done)
+
+        builder.position_at_end(done)
+        # lanes 0-15 + lanes 16-31: (a0 + a2 | a1 + a3), tree_lanes' first sums
+        halves = [builder.fadd(_split(builder, v, 0, 16), _split(builder, v, 16, 16))
+                  for v in new]
+        # s = (a0 + a2) + (a1 + a3): two trees a vector, 8 lanes each
+        s = [_pick(builder, halves[j], halves[j + 1], list(range(8)) + list(range(16, 24)))
+             for j in range(0, len(halves), 2)]
+        s = [builder.fadd(lo, _pick(builder, halves[2 * j], halves[2 * j + 1],
+                                    list(range(8, 16)) + list(range(24, 32))))
+             for j, lo in enumerate(s)]
+        # t = s[0:4] + s[4:8]: four trees a vector, 4 lanes each
+        t = []
+        for j in range(0, len(s), 2):
+            low = [8 * m + e for m in range(2) for e in range(4)]
+            high = [8 * m + 4 + e for m in range(2) for e in range(4)]
+            lo = _pick(builder, s[j], s[j + 1], low + [16 + x for x in low])
+            hi = _pick(builder, s[j], s[j + 1], high + [16 + x for x in high])
+            t.append(builder.fadd(lo, hi))
+        # (t0 + t1), (t2 + t3): eight trees, 2 lanes each
+        firsts = [4 * m + e for m in range(8) for e in (0, 2)]
+        seconds = [4 * m + e for m in range(8) for e in (1, 3)]
+        u = builder.fadd(_pick(builder, t[0], t[1], firsts), _pick(builder, t[0], t[1], seconds))
+        # (t0 + t1) + (t2 + t3): the eight totals, [h][p]
+        totals = builder.fadd(_pick(builder, u, u, list(range(0, 16, 2))),
+                              _pick(builder, u, u, list(range(1, 16, 2))))
+        for h, at in enumerate((w_at0, w_at1)):
+            where = builder.bitcast(
+                builder.gep(context.make_array(w_t)(context, builder, w_v).data, [at]),
+                ir.PointerType(ir.VectorType(ir.FloatType(), SCORE_ROWS)))
+            builder.store(_split(builder, totals, h * SCORE_ROWS, SCORE_ROWS), where, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _block_scores(block, rows, kh, flat_q, q_row, group, d, w, offset):
+    """w[g, offset + t] for the block's rows t < rows (block [n_kv, capacity, d]): score_block
+    for every whole SCORE_ROWS rows and pair of heads (an odd last head is taken twice, the
+    same numbers), from the block's own bytes."""
+    flat, flat_w = block.reshape(-1), w.reshape(-1)
+    end = w.shape[1]
+    base = kh * block.shape[1] * d
+    for g in range(0, group, SCORE_HEADS):
+        g1 = min(g + 1, group - 1)
+        for t in range(0, rows - rows % SCORE_ROWS, SCORE_ROWS):
+            score_block(flat, base + t * d, d, flat_q, q_row + g * d, q_row + g1 * d,
+                        flat_w, g * end + offset + t, g1 * end + offset + t)
+
+
 @njit(inline="always")
 def _scores(q, i, kh, group, k0, n0, k1, n1, k2, end, row, w):
-    """w[g, t] = ggml_vec_dot_f32 of K row t with q[i, kh * group + g]."""
+    """w[g, t] = ggml_vec_dot_f32 of K row t with q[i, kh * group + g]: score_block where d is
+    a multiple of 32, the rows past a block's last four (and every row of other widths) one
+    at a time."""
     d = row.shape[0]
     flat_q = q.reshape(-1)
+    q_row = (i * q.shape[1] + kh * group) * d
+    fast = d % LANES == 0
+    if fast:
+        _block_scores(k0, n0, kh, flat_q, q_row, group, d, w, 0)
+        _block_scores(k1, n1, kh, flat_q, q_row, group, d, w, n0)
+        _block_scores(k2, end - n0 - n1, kh, flat_q, q_row, group, d, w, n0 + n1)
     for t in range(end):
+        if fast:  # only the rows past each block's last whole SCORE_ROWS
+            local = t if t < n0 else (t - n0 if t < n0 + n1 else t - n0 - n1)
+            rows = n0 if t < n0 else (n1 if t < n0 + n1 else end - n0 - n1)
+            if local < rows - rows % SCORE_ROWS:
+                continue
         _row_of(t, k0, n0, k1, n1, k2, kh, row)
         for g in range(group):
-            w[g, t] = dot_f32(row, 0, flat_q, (i * q.shape[1] + kh * group + g) * d, d)
+            w[g, t] = dot_f32(row, 0, flat_q, q_row + g * d, d)
+
+
+#: query heads one lane_block call takes (the group's four in S2 Pro): each V row is widened
+#: once for them all
+V_HEADS = 4
+
+
+@intrinsic
+def lane_block(typingctx, lanes, lanes_at, v, v_at, d, w, w_at, count, ahead):
+    """For the V_HEADS heads h and every column c < d (d a multiple of 32):
+    lanes[lanes_at_h + c] = fma(v[v_at + 32 k d + c], w[w_at_h + 32 k], ..) for k < count in
+    order (count >= 1), a k whose weight is 0 adding nothing: one lane's positions t, t + 32,
+    .. of V's rows, every multiply-add fma_lanes would make, in the same order. The lanes of
+    a head are loaded once per 32 columns and stored after its last position, not at every
+    position; each row's line `ahead` elements on is asked for, into L2."""
+    if not (_is_1d(lanes, types.float32) and _is_1d(v, types.float32, types.int16)
+            and _is_1d(w, types.float32)):
+        return None
+    sig = types.void(lanes, lanes_at, v, types.intp, types.intp, w, w_at, types.intp,
+                     types.intp)
+
+    def codegen(context, builder, signature, args):
+        lanes_v, lanes_at, v_v, v_at, d, w_v, w_at, count, ahead = args
+        lanes_t, v_t, w_t = signature.args[0], signature.args[2], signature.args[5]
+        intp = v_at.type
+        lanes_ats = [builder.extract_value(lanes_at, h) for h in range(V_HEADS)]
+        w_ats = [builder.extract_value(w_at, h) for h in range(V_HEADS)]
+        floats = ir.VectorType(ir.FloatType(), LANES)
+        item_size = 2 if isinstance(v_t.dtype, types.Integer) else 4
+        w_data = context.make_array(w_t)(context, builder, w_v).data
+        stride = builder.mul(d, ir.Constant(intp, 32))
+        chunks = builder.udiv(d, ir.Constant(intp, LANES))
+
+        def counted_loop(name):
+            """(index phi from 0, the loop's first block, its exit block): a loop of at least
+            one iteration, whose back edge the caller adds."""
+            before = builder.basic_block
+            body = builder.append_basic_block(name)
+            exit_ = builder.append_basic_block(name + ".done")
+            builder.branch(body)
+            builder.position_at_end(body)
+            i = builder.phi(intp)
+            i.add_incoming(ir.Constant(intp, 0), before)
+            return i, body, exit_
+
+        c, columns, columns_done = counted_loop("lane_block.columns")
+        offset = builder.mul(c, ir.Constant(intp, LANES))
+        slots = [_lanes_pointer(context, builder, lanes_t, lanes_v, builder.add(at, offset))
+                 for at in lanes_ats]
+        initial = [builder.load(slot, align=4) for slot in slots]
+        entry = builder.basic_block
+        k, rows, rows_done = counted_loop("lane_block.rows")
+        accs = [builder.phi(floats) for _ in range(V_HEADS)]
+        for a, value in zip(accs, initial):
+            a.add_incoming(value, entry)
+        at = builder.add(builder.add(v_at, builder.mul(k, stride)), offset)
+        for line in range(0, LANES * item_size, 64):
+            emit_prefetch(builder, _lanes_pointer(context, builder, v_t, v_v, builder.add(
+                builder.add(at, ahead), ir.Constant(intp, line // item_size))), locality=2)
+        row = _load_lanes(context, builder, v_t, v_v, at)
+        new = []
+        for acc, w_at_h in zip(accs, w_ats):
+            p = builder.load(builder.gep(w_data, [builder.add(w_at_h, builder.mul(
+                k, ir.Constant(intp, 32)))]))
+            one = builder.insert_element(ir.Constant(floats, None), p, ir.Constant(intp, 0))
+            ps = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32),
+                                                                            LANES), [0] * LANES))
+            masked = builder.fcmp_ordered("==", p, ir.Constant(ir.FloatType(), 0.0))
+            new.append(builder.select(masked, acc, _fma_lanes(builder, row, ps, acc)))
+        k_next = builder.add(k, ir.Constant(intp, 1))
+        rows_end = builder.basic_block
+        k.add_incoming(k_next, rows_end)
+        for a, value in zip(accs, new):
+            a.add_incoming(value, rows_end)
+        builder.cbranch(builder.icmp_signed("<", k_next, count), rows, rows_done)
+        builder.position_at_end(rows_done)
+        for slot, value in zip(slots, new):
+            builder.store(value, slot, align=4)
+        c_next = builder.add(c, ir.Constant(intp, 1))
+        columns_end = builder.basic_block
+        c.add_incoming(c_next, columns_end)
+        builder.cbranch(builder.icmp_signed("<", c_next, chunks), columns, columns_done)
+        builder.position_at_end(columns_done)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: positions of V a pass takes before the next: each head of the group runs over their rows
+#: (32 KB of float16 at d = 128), which stay in L2 meanwhile, into its own lanes (16 KB, in L1)
+V_CHUNK = 128
+
+
+@njit(inline="always")
+def _lane_fmas(w, g, block, offset, rows, kh, lo, hi, lanes, d):
+    """lanes[(t % 32) * d + c] = fma(V[t, c], w[g, t], ..) for the block's rows (positions
+    t = offset + j) with lo <= t < hi, in order, read from the block's own bytes (float32 or
+    float16 bits)."""
+    flat = block.reshape(-1)
+    vectors = d & ~31
+    for t in range(max(offset, lo), min(offset + rows, hi)):
+        j = t - offset
+        p = w[g, t]
+        if p == _F32(0):  # a masked position: adds nothing
+            continue
+        at = (t & 31) * d
+        row_at = (kh * block.shape[1] + j) * d
+        for c in range(0, vectors, LANES):
+            fma_lanes(lanes, at + c, flat, row_at + c, p, 0)
+        for c in range(vectors, d):
+            lanes[at + c] = fma32(value_f32(flat[row_at + c]), p, lanes[at + c])
+
+
+@njit(inline="always")
+def _lane_blocks(w, heads, block, offset, rows, kh, lo, hi, lanes, d):
+    """_lane_fmas for the four `heads` at once (lane_block: a lane's positions of the block in
+    [lo, hi) per call, every column); d a multiple of 32. A head listed twice gets the same
+    numbers twice."""
+    start, stop = max(offset, lo), min(offset + rows, hi)
+    if start >= stop:
+        return
+    flat, flat_w = block.reshape(-1), w.reshape(-1)
+    end = w.shape[1]
+    ahead = V_CHUNK * d  # the next pass's rows, at the same lanes and columns
+    for lane in range(32):
+        t = start + (lane - start) % 32  # the lane's first position from start
+        if t >= stop:
+            continue
+        lane_block(lanes, ((heads[0] * 32 + lane) * d, (heads[1] * 32 + lane) * d,
+                           (heads[2] * 32 + lane) * d, (heads[3] * 32 + lane) * d),
+                   flat, (kh * block.shape[1] + t - offset) * d, d,
+                   flat_w, (heads[0] * end + t, heads[1] * end + t, heads[2] * end + t,
+                            heads[3] * end + t),
+                   (stop - t + 31) // 32, ahead)
 
 
 @njit(inline="always")
 def _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes, out):
     """out[g] = ggml_vec_dot_f32 over positions of V's columns with w[g]; lanes (group, 32,
-    d) is scratch: position t's products go to lane t % 32, rows read in order."""
+    d) is scratch: position t's products go to lane t % 32, rows read in order. V_CHUNK
+    positions at a time, a head at a time over them: its lanes (16 KB at d = 128) stay in L1
+    and the chunk's rows in L2. With all the group's lanes at once (64 KB) every multiply-add
+    went to L2 and back, and a head at a time over all the rows read them from L3 or memory
+    once per head. Each lane takes the same multiply-adds in the same order every way."""
     group, d = out.shape
     whole = end & ~31
     fused = first_fused(end)
-    flat = lanes.reshape(-1)
-    flat[:] = _F32(0)
-    vectors = d & ~31
-    for t in range(whole):
-        _row_of(t, v0, n0, v1, n1, v2, kh, row)
-        lane = t & 31
+    lanes[:] = _F32(0)
+    n2 = end - n0 - n1
+    blocked = d % LANES == 0
+    flat_lanes = lanes.reshape(-1)
+    for lo in range(0, whole, V_CHUNK):
+        hi = min(lo + V_CHUNK, whole)
+        if blocked:
+            for g in range(0, group, V_HEADS):
+                heads = (g, min(g + 1, group - 1), min(g + 2, group - 1), min(g + 3, group - 1))
+                _lane_blocks(w, heads, v0, 0, n0, kh, lo, hi, flat_lanes, d)
+                _lane_blocks(w, heads, v1, n0, n1, kh, lo, hi, flat_lanes, d)
+                _lane_blocks(w, heads, v2, n0 + n1, n2, kh, lo, hi, flat_lanes, d)
+            continue
         for g in range(group):
-            p = w[g, t]
-            if p == _F32(0):  # a masked position: adds nothing
-                continue
-            at = (g * 32 + lane) * d
-            for c in range(0, vectors, LANES):
-                fma_lanes(flat, at + c, row, c, p, 0)
-            for c in range(vectors, d):
-                flat[at + c] = fma32(row[c], p, flat[at + c])
+            own = lanes[g].reshape(-1)
+            _lane_fmas(w, g, v0, 0, n0, kh, lo, hi, own, d)
+            _lane_fmas(w, g, v1, n0, n1, kh, lo, hi, own, d)
+            _lane_fmas(w, g, v2, n0 + n1, n2, kh, lo, hi, own, d)
     for g in range(group):
         for c in range(d):  # tree_lanes' sums over the lanes, every column in one loop
             ln = lanes[g]
