@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine.describe(), "cpu_model": machine.cpu_model(),
         "cpu_flags": machine.cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
-        "kernel_module": row_kernels.attend_last.__module__, "ops": args.ops,
-        "kernel_file": sys.modules[row_kernels.attend_last.__module__].__file__,
+        "kernel_module": ATTENTIONS[args.ops]().__module__, "ops": args.ops,
+        "kernel_file": sys.modules[ATTENTIONS[args.ops]().__module__].__file__,
         "layers": args.layers, "rounds": args.rounds, "shape": {
             "n_head": N_HEAD, "n_kv": N_KV, "head_dim": HEAD_DIM},
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
