@@ -682,8 +682,8 @@ def lane_block(typingctx, lanes, lanes_at, v, v_at, d, w, w_at, count, ahead):
     return sig, codegen
 
 
-#: positions of V a pass takes before the next: each head of the group runs over their rows
-#: (32 KB of float16 at d = 128), which stay in L2 meanwhile, into its own lanes (16 KB, in L1)
+#: positions of V a pass takes before the next: their rows (32 KB of float16 at d = 128)
+#: stay in L2 while the group's heads run over them, and lane_block asks for the next pass's
 V_CHUNK = 128
 
 
@@ -734,10 +734,11 @@ def _lane_blocks(w, heads, block, offset, rows, kh, lo, hi, lanes, d):
 def _weighted_values(w, v0, n0, v1, n1, v2, end, kh, row, lanes, out):
     """out[g] = ggml_vec_dot_f32 over positions of V's columns with w[g]; lanes (group, 32,
     d) is scratch: position t's products go to lane t % 32, rows read in order. V_CHUNK
-    positions at a time, a head at a time over them: its lanes (16 KB at d = 128) stay in L1
-    and the chunk's rows in L2. With all the group's lanes at once (64 KB) every multiply-add
-    went to L2 and back, and a head at a time over all the rows read them from L3 or memory
-    once per head. Each lane takes the same multiply-adds in the same order every way."""
+    positions at a time: where d is a multiple of 32, each lane's positions of the chunk for
+    four heads a call (lane_block, the lanes in registers over them); otherwise a head at a
+    time over the chunk (_lane_fmas: its lanes, 16 KB at d = 128, stay in L1 and the chunk's
+    rows in L2). With all the group's lanes at once (64 KB) every multiply-add went to L2 and
+    back. Each lane takes the same multiply-adds in the same order every way."""
     group, d = out.shape
     whole = end & ~31
     fused = first_fused(end)
