@@ -30,9 +30,9 @@ were:
   1.7-2.1x; asked into L2 only (`PREFETCH_LOCALITY`), 16 KB ahead, 1.2-1.3x there.
 
 At 2048 positions (f16, two cores, 36 layers' caches in memory) the kernel now takes
-1.2-1.3x the plain read of its bytes on a Zen 4 (0.30-0.35 ms a layer). From L2 a K row's scores take ~9.6 ns
-and a V row's sums ~8 ns on one core, about what their 64 multiply-adds and 16 float16
-conversions take at two vector instructions a cycle.
+1.2-1.3x the plain read of its bytes on a Zen 4 (0.30-0.35 ms a layer). From L2 a K row's
+scores take ~9.6 ns and a V row's sums ~8 ns on one core, about what their 64 multiply-adds
+and 16 float16 conversions take at two vector instructions a cycle.
 
 Numbers: float32 throughout. A dot product is summed in vector lanes (multiply-adds fused
 where the CPU has them), then across the lanes in a fixed tree; results agree with ops.py to
