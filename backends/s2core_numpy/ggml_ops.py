@@ -59,6 +59,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .attention import AHEAD_BYTES as ATTENTION_AHEAD_BYTES
+from .attention import PREFETCH_LOCALITY as ATTENTION_PREFETCH_LOCALITY
 from .attention import cache_blocks, sequence_blocks, vector_shape
 from .f16 import as_float32, round_to_half, value_f32, widen_half, widen_half_lanes
 from .ops import Keys, RowOps
@@ -448,11 +450,9 @@ def _row_of(t, k0, n0, k1, n1, k2, kh, buffer):
 
 
 #: K rows and query heads one score_block call takes: their 4 x 2 accumulators of 32 lanes
-#: (16 AVX-512 registers), a chunk of each row and each query (12 more) fit the 32 registers
+#: (16 AVX-512 registers), a chunk of each row and each query (12 more) fit the 32 registers.
+#: score_block's shuffles are written for these eight trees
 SCORE_ROWS, SCORE_HEADS = 4, 2
-#: how far ahead of the K line being read score_block asks for one, into L2 (attention.py's
-#: distance and level, measured there)
-SCORE_AHEAD_BYTES = 16384
 
 
 def _split(builder, vector, start: int, n: int):
@@ -474,7 +474,9 @@ def score_block(typingctx, k, k_at, d, q, q_at0, q_at1, w, w_at0, w_at1):
     with the query at q_at_h (float32), for the SCORE_ROWS rows p and the two heads h, d a
     multiple of 32: each lane's multiply-adds in element order (fma_lanes from zero), the
     lanes summed in tree_lanes' order, the same bits. The eight trees share their shuffles:
-    each step pairs the same lanes as tree_lanes does, two or more trees a vector."""
+    each step pairs the same lanes as tree_lanes does, two or more trees a vector. Each K line
+    read asks for the one attention.py's AHEAD_BYTES on, where that kernel does (it was
+    measured there)."""
     if not (_is_1d(k, types.float32, types.int16) and _is_1d(q, types.float32)
             and _is_1d(w, types.float32)):
         return None
@@ -507,10 +509,10 @@ def score_block(typingctx, k, k_at, d, q, q_at0, q_at1, w, w_at0, w_at1):
         for p in range(SCORE_ROWS):
             at = builder.add(builder.add(k_at, builder.mul(d, ir.Constant(intp, p))), offset)
             for line in range(0, LANES * item_size, 64):
-                ahead = builder.add(at, ir.Constant(intp, (SCORE_AHEAD_BYTES + line)
+                ahead = builder.add(at, ir.Constant(intp, (ATTENTION_AHEAD_BYTES + line)
                                                     // item_size))
                 emit_prefetch(builder, _lanes_pointer(context, builder, k_t, k_v, ahead),
-                              locality=2)
+                              ATTENTION_PREFETCH_LOCALITY)
             row = _load_lanes(context, builder, k_t, k_v, at)
             for h, query in enumerate(queries):
                 i = h * SCORE_ROWS + p
@@ -652,7 +654,8 @@ def lane_block(typingctx, lanes, lanes_at, v, v_at, d, w, w_at, count, ahead):
         at = builder.add(builder.add(v_at, builder.mul(k, stride)), offset)
         for line in range(0, LANES * item_size, 64):
             emit_prefetch(builder, _lanes_pointer(context, builder, v_t, v_v, builder.add(
-                builder.add(at, ahead), ir.Constant(intp, line // item_size))), locality=2)
+                builder.add(at, ahead), ir.Constant(intp, line // item_size))),
+                ATTENTION_PREFETCH_LOCALITY)
         row = _load_lanes(context, builder, v_t, v_v, at)
         new = []
         for acc, w_at_h in zip(accs, w_ats):
