@@ -169,6 +169,39 @@ def _fma_lanes(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
+def _splat_lanes(builder, value):
+    """A float32 scalar in every one of LANES lanes."""
+    i32 = ir.IntType(32)
+    one = builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), LANES), None),
+                                 value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+
+
+def _open_loop(builder, intp, name: str):
+    """The builder moved into a new loop of at least one iteration: (its index, counting from
+    0, and the loop's first block). Phis the loop carries go next; _close_loop ends it."""
+    before = builder.basic_block
+    first = builder.append_basic_block(name)
+    builder.branch(first)
+    builder.position_at_end(first)
+    index = builder.phi(intp)
+    index.add_incoming(ir.Constant(intp, 0), before)
+    return index, first
+
+
+def _close_loop(builder, index, first, limit, carried) -> None:
+    """The back edge of _open_loop's loop: again while index + 1 < limit, each (phi, value)
+    of `carried` taking value from this iteration; the builder then after the loop."""
+    after = builder.append_basic_block(first.name + ".done")
+    step = builder.add(index, ir.Constant(index.type, 1))
+    last = builder.basic_block
+    index.add_incoming(step, last)
+    for phi, value in carried:
+        phi.add_incoming(value, last)
+    builder.cbranch(builder.icmp_signed("<", step, limit), first, after)
+    builder.position_at_end(after)
+
+
 def _is_1d(t, *dtypes) -> bool:
     return isinstance(t, types.Array) and t.ndim == 1 and t.dtype in dtypes
 
@@ -188,11 +221,7 @@ def fma_lanes(typingctx, acc, acc_at, x, x_at, y, y_at):
         acc_v, acc_at_v, x_v, x_at_v, y_v, y_at_v = args
         xs = _load_lanes(context, builder, signature.args[2], x_v, x_at_v)
         if scalar_y:
-            i32 = ir.IntType(32)
-            one = builder.insert_element(ir.Constant(ir.VectorType(ir.FloatType(), LANES), None),
-                                         y_v, ir.Constant(i32, 0))
-            ys = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, LANES),
-                                                              [0] * LANES))
+            ys = _splat_lanes(builder, y_v)
         else:
             ys = _load_lanes(context, builder, signature.args[4], y_v, y_at_v)
         where = _lanes_pointer(context, builder, signature.args[0], acc_v, acc_at_v)
@@ -492,13 +521,7 @@ def score_block(typingctx, k, k_at, d, q, q_at0, q_at1, w, w_at0, w_at1):
         chunks = builder.udiv(d, ir.Constant(intp, LANES))
         item_size = 2 if isinstance(k_t.dtype, types.Integer) else 4
         entry = builder.basic_block
-        loop = builder.append_basic_block("score_block.loop")
-        done = builder.append_basic_block("score_block.done")
-        builder.branch(loop)
-
-        builder.position_at_end(loop)
-        c = builder.phi(intp)
-        c.add_incoming(ir.Constant(intp, 0), entry)
+        c, loop = _open_loop(builder, intp, "score_block.loop")
         accs = [builder.phi(floats) for _ in range(SCORE_ROWS * SCORE_HEADS)]  # [h][p]
         for a in accs:
             a.add_incoming(zero, entry)
@@ -517,14 +540,8 @@ def score_block(typingctx, k, k_at, d, q, q_at0, q_at1, w, w_at0, w_at1):
             for h, query in enumerate(queries):
                 i = h * SCORE_ROWS + p
                 new[i] = _fma_lanes(builder, row, query, accs[i])
-        c_next = builder.add(c, ir.Constant(intp, 1))
-        body_end = builder.basic_block
-        c.add_incoming(c_next, body_end)
-        for a, v in zip(accs, new):
-            a.add_incoming(v, body_end)
-        builder.cbranch(builder.icmp_unsigned("<", c_next, chunks), loop, done)
+        _close_loop(builder, c, loop, chunks, zip(accs, new))
 
-        builder.position_at_end(done)
         # lanes 0-15 + lanes 16-31: (a0 + a2 | a1 + a3), tree_lanes' first sums
         halves = [builder.fadd(_split(builder, v, 0, 16), _split(builder, v, 16, 16))
                   for v in new]
@@ -629,25 +646,13 @@ def lane_block(typingctx, lanes, lanes_at, v, v_at, d, w, w_at, count, ahead):
         stride = builder.mul(d, ir.Constant(intp, 32))
         chunks = builder.udiv(d, ir.Constant(intp, LANES))
 
-        def counted_loop(name):
-            """(index phi from 0, the loop's first block, its exit block): a loop of at least
-            one iteration, whose back edge the caller adds."""
-            before = builder.basic_block
-            body = builder.append_basic_block(name)
-            exit_ = builder.append_basic_block(name + ".done")
-            builder.branch(body)
-            builder.position_at_end(body)
-            i = builder.phi(intp)
-            i.add_incoming(ir.Constant(intp, 0), before)
-            return i, body, exit_
-
-        c, columns, columns_done = counted_loop("lane_block.columns")
+        c, columns = _open_loop(builder, intp, "lane_block.columns")
         offset = builder.mul(c, ir.Constant(intp, LANES))
         slots = [_lanes_pointer(context, builder, lanes_t, lanes_v, builder.add(at, offset))
                  for at in lanes_ats]
         initial = [builder.load(slot, align=4) for slot in slots]
         entry = builder.basic_block
-        k, rows, rows_done = counted_loop("lane_block.rows")
+        k, rows = _open_loop(builder, intp, "lane_block.rows")
         accs = [builder.phi(floats) for _ in range(V_HEADS)]
         for a, value in zip(accs, initial):
             a.add_incoming(value, entry)
@@ -661,25 +666,13 @@ def lane_block(typingctx, lanes, lanes_at, v, v_at, d, w, w_at, count, ahead):
         for acc, w_at_h in zip(accs, w_ats):
             p = builder.load(builder.gep(w_data, [builder.add(w_at_h, builder.mul(
                 k, ir.Constant(intp, 32)))]))
-            one = builder.insert_element(ir.Constant(floats, None), p, ir.Constant(intp, 0))
-            ps = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32),
-                                                                            LANES), [0] * LANES))
             masked = builder.fcmp_ordered("==", p, ir.Constant(ir.FloatType(), 0.0))
-            new.append(builder.select(masked, acc, _fma_lanes(builder, row, ps, acc)))
-        k_next = builder.add(k, ir.Constant(intp, 1))
-        rows_end = builder.basic_block
-        k.add_incoming(k_next, rows_end)
-        for a, value in zip(accs, new):
-            a.add_incoming(value, rows_end)
-        builder.cbranch(builder.icmp_signed("<", k_next, count), rows, rows_done)
-        builder.position_at_end(rows_done)
+            fused = _fma_lanes(builder, row, _splat_lanes(builder, p), acc)
+            new.append(builder.select(masked, acc, fused))
+        _close_loop(builder, k, rows, count, zip(accs, new))
         for slot, value in zip(slots, new):
             builder.store(value, slot, align=4)
-        c_next = builder.add(c, ir.Constant(intp, 1))
-        columns_end = builder.basic_block
-        c.add_incoming(c_next, columns_end)
-        builder.cbranch(builder.icmp_signed("<", c_next, chunks), columns, columns_done)
-        builder.position_at_end(columns_done)
+        _close_loop(builder, c, columns, chunks, ())
         return context.get_dummy_value()
 
     return sig, codegen
