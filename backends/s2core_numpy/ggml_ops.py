@@ -577,39 +577,39 @@ def score_block(typingctx, k, k_at, d, q, q_at0, q_at1, w, w_at0, w_at1):
 
 
 @njit(inline="always")
-def _block_scores(block, rows, kh, flat_q, q_row, group, d, w, offset):
-    """w[g, offset + t] for the block's rows t < rows (block [n_kv, capacity, d]): score_block
-    for every whole SCORE_ROWS rows and pair of heads (an odd last head is taken twice, the
-    same numbers), from the block's own bytes."""
+def _block_scores(block, rows, kh, flat_q, q_row, group, d, row, w, offset):
+    """w[g, offset + t] for the block's rows t < rows (block [n_kv, capacity, d]), d a
+    multiple of 32: score_block for every whole SCORE_ROWS rows and pair of heads (an odd last
+    head is taken twice, the same numbers), from the block's own bytes; the rows past them
+    one at a time."""
     flat, flat_w = block.reshape(-1), w.reshape(-1)
     end = w.shape[1]
     base = kh * block.shape[1] * d
+    whole = rows - rows % SCORE_ROWS
     for g in range(0, group, SCORE_HEADS):
         g1 = min(g + 1, group - 1)
-        for t in range(0, rows - rows % SCORE_ROWS, SCORE_ROWS):
+        for t in range(0, whole, SCORE_ROWS):
             score_block(flat, base + t * d, d, flat_q, q_row + g * d, q_row + g1 * d,
                         flat_w, g * end + offset + t, g1 * end + offset + t)
+    for t in range(whole, rows):
+        _widen_row(block, kh, t, row)
+        for g in range(group):
+            w[g, offset + t] = dot_f32(row, 0, flat_q, q_row + g * d, d)
 
 
 @njit(inline="always")
 def _scores(q, i, kh, group, k0, n0, k1, n1, k2, end, row, w):
-    """w[g, t] = ggml_vec_dot_f32 of K row t with q[i, kh * group + g]: score_block where d is
-    a multiple of 32, the rows past a block's last four (and every row of other widths) one
-    at a time."""
+    """w[g, t] = ggml_vec_dot_f32 of K row t with q[i, kh * group + g]: by blocks of rows
+    where d is a multiple of 32 (_block_scores), else one row at a time."""
     d = row.shape[0]
     flat_q = q.reshape(-1)
     q_row = (i * q.shape[1] + kh * group) * d
-    fast = d % LANES == 0
-    if fast:
-        _block_scores(k0, n0, kh, flat_q, q_row, group, d, w, 0)
-        _block_scores(k1, n1, kh, flat_q, q_row, group, d, w, n0)
-        _block_scores(k2, end - n0 - n1, kh, flat_q, q_row, group, d, w, n0 + n1)
+    if d % LANES == 0:
+        _block_scores(k0, n0, kh, flat_q, q_row, group, d, row, w, 0)
+        _block_scores(k1, n1, kh, flat_q, q_row, group, d, row, w, n0)
+        _block_scores(k2, end - n0 - n1, kh, flat_q, q_row, group, d, row, w, n0 + n1)
+        return
     for t in range(end):
-        if fast:  # only the rows past each block's last whole SCORE_ROWS
-            local = t if t < n0 else (t - n0 if t < n0 + n1 else t - n0 - n1)
-            rows = n0 if t < n0 else (n1 if t < n0 + n1 else end - n0 - n1)
-            if local < rows - rows % SCORE_ROWS:
-                continue
         _row_of(t, k0, n0, k1, n1, k2, kh, row)
         for g in range(group):
             w[g, t] = dot_f32(row, 0, flat_q, q_row + g * d, d)
