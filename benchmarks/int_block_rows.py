@@ -11,9 +11,10 @@ it off there (simd.lone_block). For each type, `--matrices` copies of one 9728 x
 of random valid blocks (S2 Pro's FFN shape; 40 copies pass any L3) are multiplied in turn by
 each row count both ways: the mean per product, median of `--reps`, and block / rows. Past
 BLOCK rows both ways take the block kernel (another call comes between), so 6 and 8 rows are
-the control: their ratio is the noise. Both give the same bits (tests/test_int_dots.py). Writes benchmarks/results/int-block-rows-<date>-
-<time>.json with the CPU model, flags, the host CPU's LLVM name and NUMBA_CPU_NAME (set it
-and NUMBA_CPU_FEATURES to HASWELL's to measure the AVX2 build).
+the control: their ratio is the noise. Both give the same bits (tests/test_int_dots.py).
+Writes benchmarks/results/int-block-rows-<date>-<time>[-avx2].json with the CPU model, flags,
+the host CPU's LLVM name and NUMBA_CPU_NAME (set it and NUMBA_CPU_FEATURES to HASWELL's to
+measure the AVX2 build).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def main() -> None:
               "lone_block": {str(k): v for k, v in simd.LONE_BLOCK.items()}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"int-block-rows-{time.strftime('%Y%m%d-%H%M')}.json"
+    tag = "-avx2" if simd.isa() == "avx2" else ""  # the two builds, run in one minute
+    path = out / f"int-block-rows-{time.strftime('%Y%m%d-%H%M')}{tag}.json"
     path.write_text(json.dumps(report, indent=1))
     print(f"wrote {path}")
 

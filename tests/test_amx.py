@@ -80,3 +80,52 @@ def test_the_probe_promises_amx_exactly_where_it_runs():
     from s2core_numpy import plugin
     assert plugin.amx_expected() == amx.available(), amx.unavailable_reason()
     assert ("AMX" in plugin.probe().reason) == amx.available()
+
+
+def _file_codes(qtype: QT, raw: np.ndarray) -> np.ndarray:
+    """The unsigned codes (n_out, n_in) of a Q4_K or Q6_K matrix's file bytes, as ggml's
+    dequantization reads them (Q4_K: qs[32c + l] holds inputs 64c + l and 64c + 32 + l; Q6_K:
+    per half, ql[l], ql[l + 32] and qh[l] hold inputs l, l + 32, l + 64, l + 96)."""
+    per = 144 if qtype == QT.Q4_K else 210
+    blocks = raw.reshape(raw.shape[0], -1, per).astype(np.int32)
+    if qtype == QT.Q4_K:
+        qs = blocks[..., 16:].reshape(*blocks.shape[:2], 4, 32)
+        codes = np.stack([qs & 15, qs >> 4], axis=3)  # [chunk][low, high][l]
+    else:
+        ql = blocks[..., :128].reshape(*blocks.shape[:2], 2, 2, 32)  # [half][run][l]
+        qh = blocks[..., 128:192].reshape(*blocks.shape[:2], 2, 1, 32)
+        low = np.concatenate([ql & 15, ql >> 4], axis=3)  # [half][k][l]
+        high = np.stack([(qh[..., 0, :] >> s) & 3 for s in (0, 2, 4, 6)], axis=3)
+        codes = low | (high << 4)
+    return codes.reshape(raw.shape[0], -1)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+def test_the_unpacked_tile_block_holds_the_files_codes_in_input_order(qtype):
+    """Before its tile ops, AMX unpacks a K-quant tile-block (the packed layout int_dots.py
+    writes and simd.py reads) into plain codes: 4 inputs of the 16 rows per 64 bytes, input
+    after input. Plain vector code, so checked on any CPU, AMX or not: a change of the packed
+    layout that this unpacking missed fails here, not only where AMX runs."""
+    from numba import njit
+    unpack = amx._unpack_q4_k if qtype == QT.Q4_K else amx._unpack_q6_k
+
+    @njit
+    def unpacked(flat, at):
+        out = np.zeros(4096, np.uint8)
+        unpack(flat, at, out)
+        return out
+
+    m = matrix(qtype, 32, 512, 9)
+    w = np.random.default_rng(9).standard_normal((32, 512)).astype(np.float32)
+    raw = quantize_k(w, qtype).view(np.uint8).reshape(32, -1)
+    codes = _file_codes(qtype, raw)
+    flat = m.codes.reshape(-1)
+    for tile in range(2):
+        for sb in range(2):
+            got = unpacked(flat, (tile * 2 + sb) * m.codes.shape[2])
+            want = codes[16 * tile:16 * tile + 16, 256 * sb:256 * sb + 256]
+            # byte (v // 4) * 64 + 4 j + v % 4 holds input v of row j
+            want = want.reshape(16, 64, 4).transpose(1, 0, 2).reshape(-1)
+            assert np.array_equal(got, want), \
+                f"{qtype.name}: tile {tile}, super-block {sb}: unpacked codes differ at " \
+                f"{np.flatnonzero(got != want)[:8]}"

@@ -37,7 +37,8 @@ from numba.core import cgutils
 from .plugin import (AMX_FEATURES, ARCH_REQ_XCOMP_PERM, NO_AMX_VARIABLE, SYS_ARCH_PRCTL,
                      XFEATURE_XTILEDATA)
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q6_K_KIND, Q8_0_HEADER, Q8_0_KIND, ROWS,
-                   Emitter, isa, q4_k_header, q4_k_scale_min, scalar_pair16, target_features)
+                   Emitter, isa, q4_k_header, q4_k_scale_min, q6_k_group, scalar_pair16,
+                   target_features)
 from .stack import stack_array
 
 #: per GGML type number, the rows of a product from which AMX computes it instead of the VNNI
@@ -200,9 +201,9 @@ def _q6_k_body(b, load, store, splat):
     """Q6_K: per half, 8 groups of ql (two runs) and qh -> the four 6-bit values k = 0..3 of
     each group (sub-block 8 half + 2 k + g // 4, 4 groups of 64 bytes a sub-block)."""
     for half in range(2):
-        base = Q6_K_HEADER + half * 24 * 64
         for g in range(8):
-            ql0, ql1, qh = (load(base + (8 * run + g) * 64) for run in range(3))
+            ql0, ql1, qh = (load(Q6_K_HEADER + q6_k_group.py_func(half, run, g) * 64)
+                            for run in range(3))
             to = (8 * half + g // 4) * 256 + (g % 4) * 64
 
             def high(shift):

@@ -35,7 +35,7 @@ from numba import njit, prange
 from . import act_quant, amx
 from .f16 import _widen
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q8_0_HEADER, Q8_0_KIND, ROWS,
-                   LONE_BLOCK, SIGNED_FLIP, isa, products)
+                   LONE_BLOCK, SIGNED_FLIP, isa, products, q6_k_group)
 
 #: per type: (file bytes per 256 inputs of a row, header bytes of a tile-block)
 _GEOMETRY = {QT.Q8_0: (8 * 34, Q8_0_HEADER), QT.Q4_K: (144, Q4_K_HEADER),
@@ -96,13 +96,10 @@ def _pack(kind, raw, packed, header_bytes, flip):
                     out[256 + 2 * j] = row[src + 208]
                     out[256 + 2 * j + 1] = row[src + 209]
                     for n in range(2):
-                        base = header_bytes + n * 24 * 64
                         for g in range(8):
-                            _put_group(out, base + g * 64, row, j, src + 64 * n + 4 * g)
-                            _put_group(out, base + (8 + g) * 64, row, j,
-                                       src + 64 * n + 32 + 4 * g)
-                            _put_group(out, base + (16 + g) * 64, row, j,
-                                       src + 128 + 32 * n + 4 * g)
+                            for run, start in enumerate((64 * n, 64 * n + 32, 128 + 32 * n)):
+                                _put_group(out, header_bytes + q6_k_group(n, run, g) * 64,
+                                           row, j, src + start + 4 * g)
 
 
 # --------------------------------------------------------------------- header values
@@ -156,12 +153,12 @@ def decode(kind, packed, header_bytes, flip, ids, w):
             else:
                 d = _half_at(h, 256, j)
                 for n in range(2):
-                    base = c + n * 24 * 64
                     for g in range(8):
                         for i in range(4):
-                            ql0 = np.int32(h[base + g * 64 + 4 * j + i])
-                            ql1 = np.int32(h[base + (8 + g) * 64 + 4 * j + i])
-                            qh = np.int32(h[base + (16 + g) * 64 + 4 * j + i])
+                            at = c + 4 * j + i
+                            ql0 = np.int32(h[at + q6_k_group(n, 0, g) * 64])
+                            ql1 = np.int32(h[at + q6_k_group(n, 1, g) * 64])
+                            qh = np.int32(h[at + q6_k_group(n, 2, g) * 64])
                             v = 128 * n + 4 * g + i
                             for k in range(4):
                                 low = ql0 if k % 2 == 0 else ql1

@@ -328,9 +328,20 @@ def _make(body, n_rows: int, ahead: int):
 # Q4_K: header: d at 2j, dmin at 32 + 2j, scale byte k (0..11) of row j at 64 + 16k + j;
 #     groups [chunk c][8 groups], byte = input 64c + 4g + i (low nibble, sub-block 2c) and
 #     input 64c + 32 + 4g + i (high nibble, sub-block 2c + 1).
-# Q6_K: header: int8 scale s of row j at 16s + j, d at 256 + 2j; groups per half n:
-#     ql[64n + 4g..] (8), ql[64n + 32 + 4g..] (8), qh[32n + 4g..] (8), Q6_K's own order.
+# Q6_K: header: int8 scale s of row j at 16s + j, d at 256 + 2j; groups per half n, three
+#     runs of 8, Q6_K's own: ql[64n + 4g..], ql[64n + 32 + 4g..], qh[32n + 4g..], stored in
+#     the order the kernels read them (q6_k_group).
 Q8_0_HEADER, Q4_K_HEADER, Q6_K_HEADER = 256, 256, 288
+
+
+@njit(inline="always")
+def q6_k_group(half, run, g):
+    """Where group g (0..7) of run `run` (0: ql's first 32 bytes of the half, 1: its next 32,
+    2: qh) of half `half` sits among a Q6_K tile-block's 48 groups: each g's three groups side
+    by side, the order every kernel reads them, so a tile-block is read front to back like the
+    other types'. Stored run after run (three streams 512 bytes apart), decode steps took
+    1.09-1.24x the time (docs/arithmetic.md, "Layout")."""
+    return 24 * half + 3 * g + run
 
 
 def _q8_0(e: Emitter, ptrs, at, rows) -> None:
@@ -458,15 +469,15 @@ def _q6_k(e: Emitter, ptrs, at, rows) -> None:
     n = len(rows)
     totals = [e.zero() for _ in rows]
     for half in range(2):
-        base = Q6_K_HEADER + half * 24 * GROUP_BYTES
         for quarter in range(2):  # groups 4q..4q+3: the first or second 16 of each 32
             acc = [[e.zero() for _ in range(4)] for _ in rows]  # [r][k]: sub-block 8n+2k+q
             for g in range(4 * quarter, 4 * quarter + 4, 2):
                 pairs = [[[] for _ in range(4)] for _ in rows]
                 for gg in (g, g + 1):
-                    ql0 = e.load(codes, b.add(at, _const(base + gg * GROUP_BYTES)))
-                    ql1 = e.load(codes, b.add(at, _const(base + (8 + gg) * GROUP_BYTES)))
-                    qh = e.load(codes, b.add(at, _const(base + (16 + gg) * GROUP_BYTES)))
+                    ql0, ql1, qh = (
+                        e.load(codes, b.add(at, _const(
+                            Q6_K_HEADER + q6_k_group.py_func(half, run, gg) * GROUP_BYTES)))
+                        for run in range(3))
 
                     def high_bits(shift):
                         bits = e.op("lshr", qh, e.bytes_splat(shift)) if shift else qh
@@ -548,14 +559,16 @@ LONE_BLOCK = {kind: lone_block(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIN
 
 
 def prefetch_alone(kind: int) -> bool:
-    """Whether a product of a single activation row of weight type `kind` asks for lines
-    ahead: not for Q8_0 and Q4_K on AMD's Zen, whose own prefetcher streams their tile-blocks
-    (read in order) faster alone. A 9728 x 2560 row streamed on a Zen 4
-    (benchmarks/prefetch_ahead.py), no hint against eight tile-blocks ahead in the same run:
-    Q8_0 0.93-0.97x, Q4_K 0.85-0.94x (the AVX2 build alike); Q6_K's kernel reads each
-    tile-block in three interleaved streams and took 1.32-1.35x without (1.8x in the AVX2
-    build). Rows in blocks took 1.4-2x without the hint."""
-    return kind == Q6_K_KIND or not host_cpu().startswith("znver")
+    """Whether a product of a single activation row asks for lines ahead: not on AMD's Zen,
+    whose own prefetcher streams the tile-blocks (read front to back, q6_k_group) faster
+    alone. A 9728 x 2560 row streamed on a Zen 4 (benchmarks/prefetch_ahead.py), no hint
+    against eight tile-blocks ahead in the same run: Q8_0 0.93-0.97x, Q4_K 0.85-0.94x, Q6_K
+    0.93x (the AVX2 build alike, Q6_K 0.70x). Decode steps, the two alternated step by step
+    (benchmarks/step_prefetch_alone.py, Q6_K's hint alone on or off): q6_k files 0.86-0.88x,
+    q4_k_m 0.90-0.98x, the AVX2 build 0.74-0.84x; but in a slow spell of the machine's memory
+    q4_k_m ran 1.07-1.22x without. The kind is kept as an argument for CPUs that differ.
+    Rows in blocks took 1.4-2x without the hint."""
+    return not host_cpu().startswith("znver")
 
 
 PREFETCH_ALONE = {kind: prefetch_alone(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
