@@ -6,17 +6,19 @@ process.
     python benchmarks/step_prefetch_alone.py [--type q6_k] [--layers 4] [--steps 80]
                                              [--layout-against REV] [--runs 3]
 
-A decode step multiplies one activation row by every matrix (simd.products' one-row path,
-whose kernel simd.PREFETCH_ALONE picks per weight type). step_ab.py compares trees in fresh
-processes; on this kind of VM steps moved 20-50 % between its runs, more than the 5-20 %
-these choices make. Here one model serves every way, switched between steps (the order
-reversed every other step): "hint" has every one-row kernel ask PREFETCH_BLOCKS tile-blocks
-ahead, "none" none, "current" is simd.products as configured. With --layout-against REV,
-"REV layout" runs REV's Q6_K kernel (its source taken from REV's simd.py; its one-row kernel
-asks ahead, as REV's did) over each Q6_K matrix rearranged into REV's layout by
-int_dots.py's own packing as of REV: the layout change alone. Every way gives the same bits
-(checked on one product of each type). Writes benchmarks/results/step-prefetch-alone-<date>-<time>-
-<type>.json and .md with the CPU model and flags.
+A decode step (`step()`, every logit) multiplies one activation row by every matrix
+(simd.products' one-row path, whose kernel simd.PREFETCH_ALONE picks per weight type).
+step_ab.py compares trees in fresh processes; on this kind of VM steps moved 20-50 % between
+its runs, more than the 5-20 % these choices make. Here one model serves every way, switched
+between steps (the order reversed every other step): "hint" has every one-row kernel ask
+PREFETCH_BLOCKS tile-blocks ahead, "none" none, "current" is simd.products as configured.
+With --layout-against REV, "REV layout" runs REV's Q6_K kernel (its source taken from REV's
+simd.py; its one-row kernel asks ahead, as REV's did) over each Q6_K matrix rearranged into
+REV's layout by int_dots.py's own packing as of REV: the layout change alone. Every way gives
+the same bits (checked on one product of each type). Writes
+benchmarks/results/step-prefetch-alone-<date>-<time>-<type>-<isa>.json and .md with the CPU
+model and flags (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES set to HASWELL's measure the AVX2
+build).
 """
 
 from __future__ import annotations
