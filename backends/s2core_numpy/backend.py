@@ -5,8 +5,9 @@ F16, Q8_0 and the block-quantized types (Q2_K..Q6_K, Q4_0, Q4_1, Q5_0, Q5_1) sta
 type and numba kernels multiply straight from them (tiled.py, f16.py, q8_0.py, quants.py): a
 decode step then streams the file's bytes instead of 4 a weight. Without numba (and for a
 tensor holding an infinite or NaN value or scale) they are widened to float32 on load, one
-tensor at a time, and the widened tensor's file pages are released. The codebook table stays in
-its file type: a call decodes only the rows it gathers.
+tensor at a time, and the widened tensor's file pages are released. The codebook table is
+only looked up: with numba it is held in its file type like the matrices, without numba it stays
+in the file; either way a call decodes only the rows it gathers.
 
 KV cache: held in its type, float16 (kv_cache_dtype="f16", the default: the numbers s2.cpp's
 F16 cache holds, in half float32's bytes) or float32. With numba, attention reads float16 rows
@@ -68,6 +69,7 @@ class NumpyBackend(Backend):
         hp = self.hparams
         wl = WeightLoader(model_file, numba_kernels, arithmetic)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
+        self.codebooks = wl.lookup("codebook_embeddings.weight")  # None: read from the file
         self.norm = wl.vector("norm.weight")
         self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, wl.matrix, wl.vector)
                        for i in range(hp.n_layer)]
@@ -125,7 +127,7 @@ class NumpyBackend(Backend):
 
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> np.ndarray:
-        return embed(self.embeddings, self.model_file, batch)
+        return embed(self.embeddings, self.codebooks, self.model_file, batch)
 
     def _on_workers(self, n_rows: int) -> bool:
         """Whether a call of n_rows runs on the workers with BLAS held to one thread

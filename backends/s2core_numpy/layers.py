@@ -155,13 +155,17 @@ def run_block_rows(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     return block_tail(x, a, blk, s, row_ops)
 
 
-def embed(embeddings: Weight, model_file: ModelFile, batch: EvalBatch) -> np.ndarray:
+def embed(embeddings: Weight, codebooks: Weight | None, model_file: ModelFile,
+          batch: EvalBatch) -> np.ndarray:
     """The Slow-AR's input rows: the token's embedding plus, on semantic rows, the sum of its
-    codes' codebook embeddings, times the row's scale (SPEC 2.4)."""
+    codes' codebook embeddings, times the row's scale (SPEC 2.4). The codebook rows come from
+    `codebooks` (WeightLoader.lookup), or where it is None from the file."""
     x = gather(embeddings, batch.token_ids)
     sem = np.flatnonzero(batch.semantic_mask)
     if sem.size:
         ids = batch.codebook_ids[sem]  # (n_sem, C): only semantic rows are decoded
-        rows = model_file.dequantize_rows("codebook_embeddings.weight", ids.reshape(-1))
+        flat = ids.reshape(-1)
+        rows = (model_file.dequantize_rows("codebook_embeddings.weight", flat)
+                if codebooks is None else gather(codebooks, flat))
         x[sem] += rows.reshape(ids.shape[0], ids.shape[1], -1).sum(axis=1)
     return x * batch.scale[:, None]

@@ -19,7 +19,7 @@ from s2core.plugin import ModelFile
 
 from s2core.plugin import LogitRows, check_option
 
-from .plugin import NUMBA_BLOCK_TYPES, default_arithmetic, numba_available
+from .plugin import NUMBA_BLOCK_TYPES, NUMBA_TYPES, default_arithmetic, numba_available
 
 #: turn the numba kernels off for the whole process (tests of the fallback path; the
 #: `numba_kernels=False` backend option does it for one backend)
@@ -91,6 +91,16 @@ class WeightLoader:
             if qtype in DOT_TYPE:
                 return ActivationRounded(weight, DOT_TYPE[qtype], mins)
         return weight
+
+    def lookup(self, name: str) -> Weight | None:
+        """A table only read by rows (the codebook embeddings), held as matrix() holds it where
+        that is in the file's type (with numba: a step's ten rows of Q4_K then decode in 20 us,
+        as gguf decodes them, against 97 us through gguf's own NumPy code, Q8_0 18 against 36,
+        on a Zen 4); else None, and the caller decodes the rows it gathers from the file
+        (ModelFile.dequantize_rows) rather than widen the whole table to float32."""
+        if not self.numba_kernels or self.mf.info(name).type.name.lower() not in NUMBA_TYPES:
+            return None
+        return self.matrix(name)
 
     def _integer(self, name: str) -> Weight | None:
         """arithmetic="ggml" with the CPU's integer dot instructions (int_dots.py), for the
