@@ -1,7 +1,8 @@
 """arithmetic="ggml" against "f32" on the NumPy backend: decode step and Fast-AR frame, in one
 run, alternated, on the bench's S2 Pro-shaped files (4 layers by default), each against its
-read floor (the bytes it must stream at the read bandwidth sampled before and after the type),
-and a 100-position prefill (compute-bound: the two arithmetics against each other).
+read floor (the bytes it must stream at the read bandwidth: the mean of samples before every
+round and after the last, and per round the two around it, "..._over_floor_by_round"), and a
+100-position prefill (compute-bound: the two arithmetics against each other).
 
 Steps and frames are timed twice, alternated: over the whole vocabulary ("step", "frame"),
 and as generation runs them, computing only the rows it samples from ("sampled_step",
@@ -111,19 +112,27 @@ def main() -> None:
     for wt in args.types.split(","):
         acct = prepare_model(hp, wt, seed=0, prefill_tokens=256)
         path = acct.path
+        # the read bandwidth before every round and after the last: each round's times are
+        # also set against the mean of the two samples around it, since this machine's
+        # bandwidth moves (30-35 against 60 GB/s) between minutes
         bandwidths = [measure_bandwidth(256, 3).read_gbps]
         models = {a: s2core.load(path, backend="numpy", arithmetic=a) for a in ("f32", "ggml")}
         times = {a: {} for a in models}
+        rounds = []  # per round: {arithmetic: {kind: median seconds}}
         for _ in range(args.rounds):  # alternated, so a busy spell hits both
+            this_round = {}
             for a, m in models.items():
-                for k, v in measure(m, args.steps, hp).items():
+                measured = measure(m, args.steps, hp)
+                this_round[a] = {k: statistics.median(v) for k, v in measured.items()}
+                for k, v in measured.items():
                     times[a].setdefault(k, []).extend(v)
+            rounds.append(this_round)
+            bandwidths.append(measure_bandwidth(256, 3).read_gbps)
         for m in models.values():
             m.close()
-        bandwidths.append(measure_bandwidth(256, 3).read_gbps)
         gbps = statistics.mean(bandwidths)
         row = {a: {k: statistics.median(v) * 1e3 for k, v in t.items()} for a, t in times.items()}
-        row["read_gbps_before_after"] = bandwidths
+        row["read_gbps_samples"] = bandwidths
         read = {"step": acct.step_read_bytes, "sampled_step": acct.sampled_step_read_bytes}
         read["frame"] = read["step"] + acct.fast_frame_read_bytes
         read["sampled_frame"] = read["sampled_step"] + acct.fast_frame_read_bytes
@@ -132,6 +141,9 @@ def main() -> None:
             row[f"{kind}_floor_ms"] = floor_ms(n_bytes, gbps)
             for a in models:
                 row[a][f"{kind}_over_floor"] = row[a][kind] / row[f"{kind}_floor_ms"]
+                row[a][f"{kind}_over_floor_by_round"] = [
+                    r[a][kind] * 1e3 / floor_ms(n_bytes, statistics.mean(bandwidths[i:i + 2]))
+                    for i, r in enumerate(rounds)]
         row["ggml_over_f32_step"] = row["ggml"]["step"] / row["f32"]["step"]
         row["ggml_over_f32_frame"] = row["ggml"]["frame"] / row["f32"]["frame"]
         row["ggml_over_f32_prefill"] = row["ggml"]["prefill"] / row["f32"]["prefill"]
