@@ -115,9 +115,9 @@ def test_the_unpacked_tile_block_holds_the_files_codes_in_input_order(qtype):
         unpack(flat, at, out)
         return out
 
-    m = matrix(qtype, 32, 512, 9)
     w = np.random.default_rng(9).standard_normal((32, 512)).astype(np.float32)
     raw = quantize_k(w, qtype).view(np.uint8).reshape(32, -1)
+    m = int_dots.IntDotMatrix.from_raw(raw, qtype)
     codes = _file_codes(qtype, raw)
     flat = m.codes.reshape(-1)
     for tile in range(2):

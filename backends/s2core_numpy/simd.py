@@ -566,8 +566,8 @@ def prefetch_alone(kind: int) -> bool:
     0.93x (the AVX2 build alike, Q6_K 0.70x). Decode steps, the two alternated step by step
     (benchmarks/step_prefetch_alone.py, Q6_K's hint alone on or off): q6_k files 0.86-0.88x,
     q4_k_m 0.90-0.98x, the AVX2 build 0.74-0.84x; but in a slow spell of the machine's memory
-    q4_k_m ran 1.07-1.22x without. The kind is kept as an argument for CPUs that differ.
-    Rows in blocks took 1.4-2x without the hint."""
+    q4_k_m ran 1.07-1.22x without. Asked per type (PREFETCH_ALONE), as the types once
+    differed here. Rows in blocks took 1.4-2x without the hint."""
     return not host_cpu().startswith("znver")
 
 
