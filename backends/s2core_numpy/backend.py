@@ -69,7 +69,7 @@ class NumpyBackend(Backend):
         hp = self.hparams
         wl = WeightLoader(model_file, numba_kernels, arithmetic)
         self.embeddings = wl.matrix("embeddings.weight")  # lookups and the tied logits
-        self.codebooks = wl.lookup("codebook_embeddings.weight")  # None: read from the file
+        self.codebooks = wl.lookup("codebook_embeddings.weight")
         self.norm = wl.vector("norm.weight")
         self.layers = [load_block(f"layers.{i}", hp.attention_qk_norm, wl.matrix, wl.vector)
                        for i in range(hp.n_layer)]
@@ -127,7 +127,7 @@ class NumpyBackend(Backend):
 
     # ---------------------------------------------------------------- compute
     def _embed(self, batch: EvalBatch) -> np.ndarray:
-        return embed(self.embeddings, self.codebooks, self.model_file, batch)
+        return embed(self.embeddings, self.codebooks, batch)
 
     def _on_workers(self, n_rows: int) -> bool:
         """Whether a call of n_rows runs on the workers with BLAS held to one thread

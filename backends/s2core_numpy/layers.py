@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from s2core.plugin import BlockWeights, EvalBatch, ModelFile, StackShape
+from s2core.plugin import BlockWeights, EvalBatch, StackShape
 
 from . import ops
 from .ops import NUMPY_OPS, RowOps
@@ -155,17 +155,14 @@ def run_block_rows(x: np.ndarray, blk: BlockWeights, s: StackShape, cos: np.ndar
     return block_tail(x, a, blk, s, row_ops)
 
 
-def embed(embeddings: Weight, codebooks: Weight | None, model_file: ModelFile,
-          batch: EvalBatch) -> np.ndarray:
+def embed(embeddings: Weight, codebooks: Weight, batch: EvalBatch) -> np.ndarray:
     """The Slow-AR's input rows: the token's embedding plus, on semantic rows, the sum of its
-    codes' codebook embeddings, times the row's scale (SPEC 2.4). The codebook rows come from
-    `codebooks` (WeightLoader.lookup), or where it is None from the file."""
+    codes' codebook embeddings (`codebooks`: WeightLoader.lookup), times the row's scale
+    (SPEC 2.4)."""
     x = gather(embeddings, batch.token_ids)
     sem = np.flatnonzero(batch.semantic_mask)
     if sem.size:
         ids = batch.codebook_ids[sem]  # (n_sem, C): only semantic rows are decoded
-        flat = ids.reshape(-1)
-        rows = (model_file.dequantize_rows("codebook_embeddings.weight", flat)
-                if codebooks is None else gather(codebooks, flat))
+        rows = gather(codebooks, ids.reshape(-1))
         x[sem] += rows.reshape(ids.shape[0], ids.shape[1], -1).sum(axis=1)
     return x * batch.scale[:, None]

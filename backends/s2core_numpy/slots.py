@@ -104,8 +104,7 @@ def eval_slots(backend, cache: SlotCache, items: list[tuple[int, EvalBatch]]
     segments = segments_of(batches)
     positions = np.concatenate([b.positions for b in batches])
     cos, sin = backend.row_ops.rope_tables(positions, s.head_dim, s.rope_base)
-    x = np.concatenate([embed(backend.embeddings, backend.codebooks, backend.model_file, b)
-                        for b in batches])
+    x = np.concatenate([embed(backend.embeddings, backend.codebooks, b) for b in batches])
     last = len(backend.layers) - 1
     for i, blk in enumerate(backend.layers):
         x = run_block_segments(x, blk, s, cos, sin, segments,
