@@ -1,13 +1,15 @@
-"""What benchmarks/amx_rows.py and benchmarks/int_block_rows.py share: copies of one
-9728 x 2560 matrix (S2 Pro's FFN shape) of random valid blocks, packed as the NumPy backend
-packs them for its integer kernels, the quantized activation rows they take, and the time of
-each of several kernels over all copies, alternated. Import it after the scripts have put
-the repository on sys.path."""
+"""What the integer kernels' benchmarks (amx_rows.py, int_block_rows.py, prefetch_ahead.py,
+step_prefetch_alone.py) share: copies of one 9728 x 2560 matrix (S2 Pro's FFN shape) of
+random valid blocks, packed as the NumPy backend packs them for its integer kernels, the
+quantized activation rows they take, the time of each of several kernels over all copies,
+alternated, and simd.products compiled over other kernels. Import it after the scripts have
+put the repository on sys.path."""
 
 from __future__ import annotations
 
 import statistics
 import time
+import types
 from typing import Callable
 
 import numpy as np
@@ -53,3 +55,12 @@ def alternated_ms(kernels: dict[str, Callable], mats: list, args: tuple, reps: i
                 f(each.kind, each.codes, *args)
             times[key].append((time.perf_counter() - t) / len(mats))
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def products_over(namespace: dict) -> Callable:
+    """simd.products' own code (nothing copied) compiled over `namespace`: simd's globals with
+    some kernels swapped."""
+    from numba import njit
+    from s2core_numpy import simd
+    code = simd.products.py_func
+    return njit(parallel=True)(types.FunctionType(code.__code__, namespace, code.__name__))

@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +32,8 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from kernel_rows import alternated_ms, kernel_args, packed_copies  # noqa: E402
+from kernel_rows import (alternated_ms, kernel_args, packed_copies,  # noqa: E402
+                         products_over)
 
 from s2core.benchmarking.machine import cpu_flags, cpu_model  # noqa: E402
 
@@ -42,7 +42,6 @@ _BODIES = {"q8_0": "_q8_0", "q4_k": "_q4_k", "q6_k": "_q6_k"}
 
 def products_with(blocks: int):
     """simd.products over kernels that ask `blocks` tile-blocks ahead."""
-    from numba import njit
     from s2core_numpy import simd
     swapped = dict(vars(simd))
     for name, body in _BODIES.items():
@@ -50,8 +49,7 @@ def products_with(blocks: int):
         swapped[f"{name}_block"] = swapped[f"{name}_alone"] = simd._make(getattr(simd, body),
                                                                            1, ahead)
         swapped[f"{name}_blocks"] = simd._make(getattr(simd, body), simd.BLOCK, ahead)
-    code = simd.products.py_func
-    return njit(parallel=True)(types.FunctionType(code.__code__, swapped, code.__name__))
+    return products_over(swapped)
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,22 +39,21 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
 
 import numpy as np  # noqa: E402
 from ab import revision, write_report  # noqa: E402
+from kernel_rows import products_over  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 from s2core.benchmarking.config import BenchConfig  # noqa: E402
 from s2core.benchmarking.models import prepare_model  # noqa: E402
 
 
-def products_over(namespace: dict, alone_ahead: dict[str, int]):
-    """simd.products compiled over `namespace` (simd's globals, some kernels swapped) with
-    each type's one-row kernel asking `alone_ahead[type]` bytes ahead."""
-    from numba import njit
+def alone_asking(namespace: dict, alone_ahead: dict[str, int]):
+    """simd.products over `namespace` (simd's globals, some kernels swapped) with each type's
+    one-row kernel asking `alone_ahead[type]` bytes ahead."""
     from s2core_numpy import simd
     swapped = dict(namespace)
     for name, ahead in alone_ahead.items():
         swapped[f"{name}_alone"] = simd._make(swapped[f"_{name}"], 1, ahead)
-    code = simd.products.py_func
-    return njit(parallel=True)(types.FunctionType(code.__code__, swapped, code.__name__))
+    return products_over(swapped)
 
 
 def layout_of(rev: str):
@@ -110,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("no integer kernels here: numba's target has neither AVX2 nor AVX-512 VNNI")
     names = ("q8_0", "q4_k", "q6_k")
     ways = {"current": simd.products,
-            "hint": products_over(vars(simd), {n: simd.AHEAD[n] for n in names}),
-            "none": products_over(vars(simd), {n: 0 for n in names})}
+            "hint": alone_asking(vars(simd), {n: simd.AHEAD[n] for n in names}),
+            "none": alone_asking(vars(simd), {n: 0 for n in names})}
     model_path = prepare_model(BenchConfig(layers=args.layers).hparams(), args.type, seed=0,
                                prefill_tokens=256).path
     m = s2core.load(model_path, backend="numpy")
@@ -124,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         old_ns["q6_k_block"] = simd._make(old_body, 1, simd.AHEAD["q6_k"])
         old_ns["q6_k_blocks"] = simd._make(old_body, simd.BLOCK, simd.AHEAD["q6_k"])
         key = f"{revision(args.layout_against)} layout"
-        ways[key] = products_over(old_ns, {"q6_k": simd.AHEAD["q6_k"]})
+        ways[key] = alone_asking(old_ns, {"q6_k": simd.AHEAD["q6_k"]})
         codes[key] = [np.ascontiguousarray(x.codes[:, :, permutation]) for x in q6]
 
     def use(way: str) -> None:
@@ -132,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         for x, c in zip(q6, codes[way]):
             x.codes = c
 
-    # the same bits every way: one matrix of each integer type (Q6_K's first, in every
-    # layout) times one random row
+    # the same bits every way: one matrix of each integer type (Q6_K's in every layout) times
+    # one random row
     every = [o for o in gc.get_objects() if isinstance(o, int_dots.IntDotMatrix)]
-    probes = list({x.kind: x for x in every[::-1]}.values()) + q6[:1]
+    probes = list({x.kind: x for x in every[::-1]}.values())
     rows = [np.random.default_rng(1).standard_normal((1, x.n_in)).astype(np.float32)
             for x in probes]
     want = [x(r) for x, r in zip(probes, rows)]
