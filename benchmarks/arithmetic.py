@@ -1,7 +1,8 @@
 """arithmetic="ggml" against "f32" on the NumPy backend: decode step and Fast-AR frame, in one
 run, alternated, on the bench's S2 Pro-shaped files (4 layers by default), each against its
 read floor (the bytes it must stream at the read bandwidth: the mean of samples before every
-round and after the last, and per round the two around it, "..._over_floor_by_round"), and a
+round and after the last, and per round the two around it, "..._over_floor_by_round"; and
+one sample right after every frame, each step against its own, "..._over_floor_beside"), and a
 100-position prefill (compute-bound: the two arithmetics against each other).
 
 Steps and frames are timed twice, alternated: over the whole vocabulary ("step", "frame"),
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 import s2core  # noqa: E402
-from s2core.benchmarking.bandwidth import measure_bandwidth
+from s2core.benchmarking.bandwidth import GemvProbe, measure_bandwidth
 from s2core.benchmarking.machine import HASWELL, cpu_flags, cpu_model
 from s2core.benchmarking.models import prepare_model
 from s2core.benchmarking.workload import floor_ms, sampled_rows
@@ -60,10 +61,12 @@ def self_cpu() -> float:
 PREFILL_ROWS = 100
 
 
-def measure(model, steps: int, hp) -> dict[str, list[float]]:
+def measure(model, steps: int, hp, probe: GemvProbe) -> dict[str, list[float]]:
     """Seconds of: decode steps over the whole vocabulary ("step") and over the rows
     generation samples from ("sampled_step", contract.md "Logit rows"), alternated; frames
-    (each step, then the Fast-AR's calls); one PREFILL_ROWS-row prefill into an empty cache."""
+    (each step, then the Fast-AR's calls); one PREFILL_ROWS-row prefill into an empty cache.
+    After each frame, one sample of the read bandwidth (GB/s, "step_gbps" and
+    "sampled_step_gbps"), the floor beside it."""
     rng = np.random.default_rng(0)
     prompt = mixed_prompt(hp, PREFILL_ROWS, rng)
     for _ in range(2):  # the first touches the weights (page faults of a mapped file)
@@ -76,7 +79,7 @@ def measure(model, steps: int, hp) -> dict[str, list[float]]:
     rows = FrameRule(hp, GenerationConfig(), GenerationStats()).logit_rows  # generation's
     assert len(rows) == sampled_rows(hp)
     times = {"step": [], "frame": [], "sampled_step": [], "sampled_frame": [],
-             "prefill": [prefill]}
+             "step_gbps": [], "sampled_step_gbps": [], "prefill": [prefill]}
     for i in range(steps + 3):
         for kind, asked in (("", None), ("sampled_", rows)):
             frame = semantic_frame(hp, rng)
@@ -86,9 +89,11 @@ def measure(model, steps: int, hp) -> dict[str, list[float]]:
             for n in range(1, hp.num_codebooks):
                 model.fast_decode(r.hidden, frame[1:1 + n])
             t2 = time.perf_counter()
+            gbps = probe.sample()
             if i >= 3:
                 times[kind + "step"].append(t1 - t0)
                 times[kind + "frame"].append(t2 - t0)
+                times[kind + "step_gbps"].append(gbps)
     return times
 
 
@@ -116,13 +121,14 @@ def main() -> None:
         # also set against the mean of the two samples around it, since this machine's
         # bandwidth moves (30-35 against 60 GB/s) between minutes
         bandwidths = [measure_bandwidth(256, 3).read_gbps]
+        probe = GemvProbe(256)
         models = {a: s2core.load(path, backend="numpy", arithmetic=a) for a in ("f32", "ggml")}
         times = {a: {} for a in models}
         rounds = []  # per round: {arithmetic: {kind: median seconds}}
         for _ in range(args.rounds):  # alternated, so a busy spell hits both
             this_round = {}
             for a, m in models.items():
-                measured = measure(m, args.steps, hp)
+                measured = measure(m, args.steps, hp, probe)
                 this_round[a] = {k: statistics.median(v) for k, v in measured.items()}
                 for k, v in measured.items():
                     times[a].setdefault(k, []).extend(v)
@@ -130,7 +136,10 @@ def main() -> None:
             bandwidths.append(measure_bandwidth(256, 3).read_gbps)
         for m in models.values():
             m.close()
+        probe.close()
         gbps = statistics.mean(bandwidths)
+        beside = {a: {k: t.pop(k) for k in ("step_gbps", "sampled_step_gbps")}
+                  for a, t in times.items()}
         row = {a: {k: statistics.median(v) * 1e3 for k, v in t.items()} for a, t in times.items()}
         row["read_gbps_samples"] = bandwidths
         read = {"step": acct.step_read_bytes, "sampled_step": acct.sampled_step_read_bytes}
@@ -144,6 +153,12 @@ def main() -> None:
                 row[a][f"{kind}_over_floor_by_round"] = [
                     r[a][kind] * 1e3 / floor_ms(n_bytes, statistics.mean(bandwidths[i:i + 2]))
                     for i, r in enumerate(rounds)]
+                # each step or frame against the sample taken right after it: the ratio
+                # least moved by the machine's spells
+                samples = beside[a][kind.replace("frame", "step") + "_gbps"]
+                row[a][f"{kind}_over_floor_beside"] = statistics.median(
+                    t * 1e3 / floor_ms(n_bytes, g) for t, g in zip(times[a][kind], samples))
+                row[a][f"{kind}_beside_gbps_median"] = statistics.median(samples)
         row["ggml_over_f32_step"] = row["ggml"]["step"] / row["f32"]["step"]
         row["ggml_over_f32_frame"] = row["ggml"]["frame"] / row["f32"]["frame"]
         row["ggml_over_f32_prefill"] = row["ggml"]["prefill"] / row["f32"]["prefill"]

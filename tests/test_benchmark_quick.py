@@ -266,3 +266,21 @@ def test_batch_report_judges_load_pick_against_the_fastest():
         in choice_lines(report)
     report["results"] = report["results"][:1]
     assert any("not compared" in line for line in choice_lines(report))
+
+
+def test_gemv_probe_samples_and_gives_blas_its_threads_back():
+    """The floor sampled beside each step (benchmarks/arithmetic.py) holds BLAS to one
+    thread only while it reads: a limit left behind would slow every later product."""
+    from threadpoolctl import threadpool_info
+
+    from s2core.benchmarking.bandwidth import GemvProbe
+
+    before = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    probe = GemvProbe(8)
+    try:
+        samples = [probe.sample() for _ in range(3)]
+    finally:
+        probe.close()
+    assert all(0 < s < 10_000 for s in samples), samples  # GB/s: read, not skipped
+    after = [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert after == before

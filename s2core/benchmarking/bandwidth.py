@@ -81,6 +81,43 @@ def _parallel_sum_gbps(values: np.ndarray, reps: int) -> float:
         return values.nbytes / _best_s(probe.run, reps) / 1e9
 
 
+class GemvProbe:
+    """The read floor's own kernel (float32 matrix @ vector), one sample at a time, for a
+    floor taken right beside each timed operation: on this project's VMs the read bandwidth
+    moves between minutes (30-35 against 60 GB/s) and so does a step, so a floor sampled
+    minutes away can be from a faster or slower moment.
+
+    The matrix is split among one thread per core, each multiplying its rows with BLAS held
+    to one thread: BLAS's own threads spin on the cores for a while after a product and
+    would slow the operation timed next (a 4-layer step took 2.5-4x its time after a
+    many-threaded gemv)."""
+
+    def __init__(self, size_mb: int = 256):
+        """size_mb: the matrix's size, far above any last-level cache so every sample reads
+        from memory."""
+        rows = size_mb * MiB // 4 // GEMV_WIDTH
+        self.matrix = np.ones((rows, GEMV_WIDTH), dtype=np.float32)
+        self._vec = np.ones(GEMV_WIDTH, dtype=np.float32)
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count())
+        self._parts = np.array_split(self.matrix, max(1, cores or 1))
+        self._pool = ThreadPoolExecutor(len(self._parts))
+        from threadpoolctl import ThreadpoolController
+        self._blas = ThreadpoolController()  # found once: a search costs ~0.7 ms
+        self.sample()  # page faults are not timed
+
+    def sample(self) -> float:
+        """GB/s of one product over the whole matrix."""
+        with self._blas.limit(limits=1, user_api="blas"):
+            t0 = time.perf_counter()
+            list(self._pool.map(self._vec.__rmatmul__, self._parts))
+            seconds = time.perf_counter() - t0
+        return self.matrix.nbytes / seconds / 1e9
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
 class SumProbe:
     """The sum bandwidth, one sample at a time: for a figure taken right beside each timed
     operation (the machine's speed moves between minutes here, and a floor measured minutes
