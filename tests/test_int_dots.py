@@ -125,6 +125,7 @@ def test_types_and_shapes_the_kernels_do_not_take_stay_on_the_float_path():
     assert not int_dots.supported(QT.F16, (16, 256))
 
 
+@needs_integer_kernels
 @pytest.mark.parametrize("dot_type,block", [("q8_0", 32), ("q8_k", 256)])
 def test_integer_codes_are_the_rounded_activation(dot_type, block):
     """act_quant.quantize's codes times d are exactly act_quant.snap's values (the rounding
@@ -202,7 +203,9 @@ def test_default_arithmetic_follows_the_instruction_set_numba_compiles_for(monke
     from s2core_numpy import plugin
     monkeypatch.setenv("NUMBA_CPU_FEATURES", "+sse2,+sse4.2")
     assert plugin.default_arithmetic() == "f32"
-    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma")  # no F16C (simd.isa)
+    assert plugin.default_arithmetic() == "f32"
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma,+f16c")
     assert plugin.default_arithmetic() == "ggml"
     monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx512f,+avx512bw,+avx512vnni")
     assert plugin.default_arithmetic() == "ggml"

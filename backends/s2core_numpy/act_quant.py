@@ -132,16 +132,11 @@ def _integer_codes(blocks: np.ndarray, kernel) -> tuple[np.ndarray, np.ndarray, 
 def quantize(dot_type: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows x (n, in) as ggml's int8 codes for the integer kernels (int_dots.py):
     (codes (n, in) int8, d (n, blocks) float32 as the dot uses it (Q8_0: float16-rounded),
-    sums of the codes per 16 inputs (n, in / 16) int32). Needs numba (its callers do)."""
-    n, width = x.shape
-    if dot_type == "q8_0":
-        codes, d, sums = _integer_codes(x.reshape(-1, 32), _kernels.q8_0_quantize)
-        d = d.astype(np.float16).astype(_F32)
-    elif dot_type == "q8_k":
-        codes, d, sums = _integer_codes(x.reshape(-1, 256), _kernels.q8_k_quantize)
-    else:
+    sums of the codes per 16 inputs (n, in / 16) int32). Needs numba and the integer
+    kernels' CPU (act_quant_kernels.integer_codes; its callers have both)."""
+    if dot_type not in ("q8_0", "q8_k"):
         raise ValueError(f"no integer codes for dot type {dot_type!r}")
-    return codes.reshape(n, width), d.reshape(n, -1), sums.reshape(n, -1)
+    return _kernels.integer_codes(np.ascontiguousarray(x, dtype=_F32), dot_type == "q8_0")
 
 
 def block_mins(raw: np.ndarray, qtype: QT) -> np.ndarray:

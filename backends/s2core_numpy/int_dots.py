@@ -33,6 +33,7 @@ from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
 from . import act_quant, amx
+from .act_quant_kernels import integer_codes
 from .f16 import _widen
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q8_0_HEADER, Q8_0_KIND, ROWS,
                    LONE_BLOCK, SIGNED_FLIP, isa, products, q6_k_group)
@@ -170,6 +171,16 @@ def decode(kind, packed, header_bytes, flip, ids, w):
 
 
 # ---------------------------------------------------------------------- the matrix
+@njit(cache=True)
+def _quantized_products(kind, packed, x, out, lone_block):
+    """out = x's rows rounded to the weight's dot type (act_quant.quantize) times the packed
+    matrix (products), in one call from Python: a step's Python calls between its products
+    each find the caches full of the weights just streamed (act_quant_kernels.integer_codes),
+    and this takes four of them away per product."""
+    xq, xd, xs = integer_codes(x, kind == Q8_0_KIND)
+    products(kind, packed, xq, xd, xs, out, lone_block)
+
+
 class IntDotMatrix:
     """A Q8_0, Q4_K or Q6_K [out, in] matrix multiplied as s2.cpp multiplies it (arithmetic
     "ggml"): `m(x)` is x @ W^T with x's rows quantized to the weight's dot type."""
@@ -203,11 +214,11 @@ class IntDotMatrix:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty((x.shape[0], self.codes.shape[0] * ROWS), np.float32)
-        xq, xd, xs = act_quant.quantize(self.dot_type, x)
         if x.shape[0] >= amx.MIN_ROWS.get(self.kind, 1 << 62) and amx.available():
-            amx.products(self.kind, self.codes, xq, xd, xs, out)  # the same bits, faster here
+            # the same bits, faster here
+            amx.products(self.kind, self.codes, *act_quant.quantize(self.dot_type, x), out)
         else:
-            products(self.kind, self.codes, xq, xd, xs, out, LONE_BLOCK[self.kind])
+            _quantized_products(self.kind, self.codes, x, out, LONE_BLOCK[self.kind])
         return out[:, :self.n_out]
 
     def row_window(self, start: int, stop: int, n: int) -> tuple["IntDotMatrix", int]:

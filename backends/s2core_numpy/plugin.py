@@ -52,6 +52,8 @@ def numpy_codec_capabilities() -> CodecCapabilities:
 
 #: CPU features (LLVM's names) the VNNI integer kernels need (simd.isa), and AMX's besides
 VNNI_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vnni"})
+#: the AVX2 integer kernels' features (simd.isa)
+AVX2_FEATURES = frozenset({"avx2", "f16c"})
 AMX_FEATURES = frozenset({"amx-int8", "amx-tile"})
 #: set (to anything) to keep the NumPy backend off the AMX tile units
 NO_AMX_VARIABLE = "S2CORE_NO_AMX"
@@ -85,7 +87,7 @@ def integer_kernels_expected() -> bool:
     numba compiles for has AVX2 or AVX-512 VNNI (simd.isa() says it at load; this reads the
     same facts without importing numba)."""
     on = _target_flags() if numba_available() else None
-    return bool(on) and ("avx2" in on or VNNI_FEATURES <= on)
+    return bool(on) and (AVX2_FEATURES <= on or VNNI_FEATURES <= on)
 
 
 def amx_expected() -> bool:

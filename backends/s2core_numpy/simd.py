@@ -30,7 +30,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .plugin import VNNI_FEATURES
+from .plugin import AVX2_FEATURES, VNNI_FEATURES
 from .prefetch import emit_prefetch
 from .stack import stack_array
 
@@ -53,12 +53,13 @@ def target_features() -> frozenset[str]:
 
 @lru_cache(maxsize=None)
 def isa() -> str:
-    """"vnni" (AVX-512 F, BW and VNNI), "avx2", or "" (no integer kernels), for the CPU numba
-    compiles for."""
+    """"vnni" (AVX-512 F, BW and VNNI), "avx2" (with F16C, as every AVX2 CPU has: the
+    activation's Q8_0 scale is rounded to float16 in one instruction, act_quant_kernels), or ""
+    (no integer kernels), for the CPU numba compiles for."""
     on = target_features()
     if VNNI_FEATURES <= on:
         return "vnni"
-    if "avx2" in on:
+    if AVX2_FEATURES <= on:
         return "avx2"
     return ""
 
