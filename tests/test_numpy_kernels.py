@@ -286,6 +286,14 @@ def test_row_kernels_rope_is_numpys_bit_for_bit(n, heads, d):
                                   ops.apply_rope(x, cos, sin).view(np.uint32))
 
 
+def test_swiglu_in_place_is_silu_times_up_bit_for_bit():
+    from s2core_numpy import ops
+    rng = np.random.default_rng(3)
+    gate, up = (rng.standard_normal((2, 9728), dtype=np.float32) * 6 for _ in range(2))
+    np.testing.assert_array_equal(ops.swiglu(gate, up).view(np.uint32),
+                                  (ops.silu(gate) * up).view(np.uint32))
+
+
 @numba_only
 @pytest.mark.parametrize("shape", [(1, 2560), (5, 7, 128), (3, 1)])
 def test_row_kernels_rms_norm_equals_a_float64_reference(shape):
