@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Decode steps with the one-row integer kernels asking for lines ahead or not, and (with
 --layout-against REV) with Q6_K in REV's tile-block layout, alternated step by step in one
-process.
+process; with --forms, also the K-quants' one-row kernels in VNNI's and in AVX2's
+instructions (simd._make's form), on a VNNI CPU.
 
     python benchmarks/step_prefetch_alone.py [--type q6_k] [--layers 4] [--steps 80]
-                                             [--layout-against REV] [--runs 3]
+                                             [--layout-against REV] [--forms] [--runs 3]
 
 A decode step (`step()`, every logit) multiplies one activation row by every matrix
 (simd.products' one-row path, whose kernel simd.PREFETCH_ALONE picks per weight type).
@@ -46,13 +47,14 @@ from s2core.benchmarking.config import BenchConfig  # noqa: E402
 from s2core.benchmarking.models import prepare_model  # noqa: E402
 
 
-def alone_asking(namespace: dict, alone_ahead: dict[str, int]):
+def alone_asking(namespace: dict, alone_ahead: dict[str, int], form: str | None = None):
     """simd.products over `namespace` (simd's globals, some kernels swapped) with each type's
-    one-row kernel asking `alone_ahead[type]` bytes ahead."""
+    one-row kernel asking `alone_ahead[type]` bytes ahead, in `form`'s instructions (simd._make;
+    None: the target's)."""
     from s2core_numpy import simd
     swapped = dict(namespace)
     for name, ahead in alone_ahead.items():
-        swapped[f"{name}_alone"] = simd._make(swapped[f"_{name}"], 1, ahead)
+        swapped[f"{name}_alone"] = simd._make(swapped[f"_{name}"], 1, ahead, form)
     return products_over(swapped)
 
 
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=80, help="steps per way and run")
     ap.add_argument("--runs", type=int, default=3, help="fresh caches, the ways alternated")
     ap.add_argument("--layout-against", default=None, metavar="REV")
+    ap.add_argument("--forms", action="store_true",
+                    help="also the K-quants' one-row kernels in VNNI's and in AVX2's "
+                         "instructions (a VNNI CPU)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
 
@@ -110,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     ways = {"current": simd.products,
             "hint": alone_asking(vars(simd), {n: simd.AHEAD[n] for n in names}),
             "none": alone_asking(vars(simd), {n: 0 for n in names})}
+    if args.forms:
+        if simd.isa() != "vnni":
+            sys.exit("--forms compares VNNI's one-row kernels with AVX2's: numba's target has "
+                     "no AVX-512 VNNI")
+        for form in ("vnni", "avx2"):  # the K-quants (Q8_0's VNNI layout is AVX2's xor 128)
+            ways[f"{form} form"] = alone_asking(
+                vars(simd), {n: simd.AHEAD[n] if simd.PREFETCH_ALONE[kind] else 0
+                             for n, kind in (("q4_k", simd.Q4_K_KIND),
+                                             ("q6_k", simd.Q6_K_KIND))}, form)
     model_path = prepare_model(BenchConfig(layers=args.layers).hparams(), args.type, seed=0,
                                prefill_tokens=256).path
     m = s2core.load(model_path, backend="numpy")

@@ -284,7 +284,7 @@ PREFETCH_LOCALITY = 2
 BLOCK_ROWS = {"vnni": 4, "avx2": 4, "": 1}
 
 
-def _make(body, n_rows: int, ahead: int):
+def _make(body, n_rows: int, ahead: int, form: str | None = None):
     """An intrinsic (codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step, out,
     out_at) -> None that adds `n_rows` activation rows' products with one tile-block
     (int_dots.py) to 16 float32 outputs each: codes uint8 (the tile-block at byte `at`), x int8
@@ -292,7 +292,8 @@ def _make(body, n_rows: int, ahead: int):
     (likewise), out float32 (row r's 16 outputs from out_at + 16 r); 1-D contiguous arrays,
     int64 offsets. `body(emitter, pointers, rows)` emits the IR; rows[r] holds row r's offsets
     (x_at, xd_at, xs_at, out_at) and `at` is pointers' companion. Each group read asks for
-    the line `ahead` bytes on."""
+    the line `ahead` bytes on. form: the instructions ("vnni" or "avx2"; isa()'s by default:
+    a VNNI CPU runs AVX2's too, over the same layout for the K-quants)."""
 
     @intrinsic
     def kernel(typingctx, codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step,
@@ -314,7 +315,7 @@ def _make(body, n_rows: int, ahead: int):
                 rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
                              builder.add(int64(9), step[2]),
                              builder.add(int64(12), _const(r * ROWS))])
-            body(Emitter(builder, isa(), ahead), ptrs, int64(1), rows)
+            body(Emitter(builder, form or isa(), ahead), ptrs, int64(1), rows)
             return context.get_dummy_value()
 
         return sig, codegen
