@@ -81,6 +81,12 @@ def _parallel_sum_gbps(values: np.ndarray, reps: int) -> float:
         return values.nbytes / _best_s(probe.run, reps) / 1e9
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: the probes use one thread each."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
 class GemvProbe:
     """The read floor's own kernel (float32 matrix @ vector), one sample at a time, for a
     floor taken right beside each timed operation: on this project's VMs the read bandwidth
@@ -98,9 +104,7 @@ class GemvProbe:
         rows = size_mb * MiB // 4 // GEMV_WIDTH
         self.matrix = np.ones((rows, GEMV_WIDTH), dtype=np.float32)
         self._vec = np.ones(GEMV_WIDTH, dtype=np.float32)
-        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else os.cpu_count())
-        self._parts = np.array_split(self.matrix, max(1, cores or 1))
+        self._parts = np.array_split(self.matrix, usable_cores())
         self._pool = ThreadPoolExecutor(len(self._parts))
         from threadpoolctl import ThreadpoolController
         self._blas = ThreadpoolController()  # found once: a search costs ~0.7 ms
@@ -128,9 +132,7 @@ class SumProbe:
         if isinstance(values, int):
             values = np.ones(values * MiB // 4, dtype=np.float32)
         self.values = values
-        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else os.cpu_count())
-        self._parts = np.array_split(values, max(1, cores or 1))
+        self._parts = np.array_split(values, usable_cores())
         self._pool = ThreadPoolExecutor(len(self._parts))
 
     def run(self) -> None:
