@@ -16,10 +16,10 @@ and as generation runs them, computing only the rows it samples from ("sampled_s
 --avx2 compiles numba's kernels for a Haswell (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES: the
 name alone keeps the host's features), so AVX-512 machines measure what AVX2-only CPUs run.
 
-Prints and writes benchmarks/results/arithmetic-<date>-<time>[-avx2].json with the CPU model and
-flags, numba's target and the integer kernels' instruction set, and the share of the CPU other
-processes took during the run (the machine may be shared: compare the ratios, treat absolute
-times with care).
+Prints a table and writes benchmarks/results/arithmetic-<date>-<time>[-avx2].json (everything)
+and .md (the table), with the CPU model and flags, numba's target and the integer kernels'
+instruction set, and the share of the CPU other processes took during the run (the machine
+may be shared: compare the ratios, treat absolute times with care).
 """
 
 from __future__ import annotations
@@ -177,13 +177,41 @@ def main() -> None:
               "cpu_flags": cpu_flags(), "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
               "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "others_cpu_share": round(others, 3)}
-    print(json.dumps(report, indent=1))
+    lines = summary_lines(report)
+    print("\n".join(lines))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = time.strftime("%Y%m%d-%H%M")
     suffix = f"-{args.layers}l" + ("-avx2" if args.avx2 else "") + (
         "-no-amx" if os.environ.get("S2CORE_NO_AMX") else "")
     (out / f"arithmetic-{tag}{suffix}.json").write_text(json.dumps(report, indent=1))
+    (out / f"arithmetic-{tag}{suffix}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / f'arithmetic-{tag}{suffix}'}.json, .md")
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The run as a Markdown table: per file and arithmetic, the sampled step and frame (as
+    generation runs them) against the floor beside each, and round by round against the
+    samples between rounds; the whole-vocabulary step; the prefill."""
+    lines = [f"# arithmetic.py: {report['layers']} layers, {report['cpu_model']}, integer "
+             f"kernels {report['integer_kernels']}"
+             + (f" (NUMBA_CPU_NAME={report['numba_cpu_name']})" if report["numba_cpu_name"]
+                else ""), "",
+             "| file | arithmetic | sampled step ms | x floor beside | x floor by round | "
+             "sampled frame ms | x floor beside | step ms | prefill ms |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    for wt, row in report["results_ms_median"].items():
+        for a in ("f32", "ggml"):
+            r = row[a]
+            rounds = ", ".join(f"{v:.2f}" for v in r["sampled_step_over_floor_by_round"])
+            lines.append(
+                f"| {wt} | {a} | {r['sampled_step']:.2f} | "
+                f"{r['sampled_step_over_floor_beside']:.2f} | {rounds} | "
+                f"{r['sampled_frame']:.1f} | {r['sampled_frame_over_floor_beside']:.2f} | "
+                f"{r['step']:.2f} | {r['prefill']:.0f} |")
+    lines += ["", "CPU flags: " + " ".join(report["cpu_flags"]),
+              f"Others took {report['others_cpu_share']:.1%} of the CPU during the run."]
+    return lines
 
 
 if __name__ == "__main__":
