@@ -91,7 +91,7 @@ def main() -> None:
               "cpu_flags": cpu_flags(), "host_cpu": simd.host_cpu(), "isa": simd.isa(),
               "numba_cpu_name": os.environ.get("NUMBA_CPU_NAME", ""),
               "prefetch_blocks": simd.PREFETCH_BLOCKS,
-              "prefetch_alone": {str(k): v for k, v in simd.PREFETCH_ALONE.items()}}
+              "prefetch_alone": simd.PREFETCH_ALONE}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "-avx2" if simd.isa() == "avx2" else ""

@@ -8,7 +8,7 @@ instructions (simd._make's form), on a VNNI CPU.
                                              [--layout-against REV] [--forms] [--runs 3]
 
 A decode step (`step()`, every logit) multiplies one activation row by every matrix
-(simd.products' one-row path, whose kernel simd.PREFETCH_ALONE picks per weight type).
+(simd.products' one-row path, whose kernel simd.PREFETCH_ALONE picks).
 step_ab.py compares trees in fresh processes; on this kind of VM steps moved 20-50 % between
 its runs, more than the 5-20 % these choices make. Here one model serves every way, switched
 between steps (the order reversed every other step): "hint" has every one-row kernel ask
@@ -121,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                      "no AVX-512 VNNI")
         for form in ("vnni", "avx2"):  # the K-quants (Q8_0's VNNI layout is AVX2's xor 128)
             ways[f"{form} form"] = alone_asking(
-                vars(simd), {n: simd.AHEAD[n] if simd.PREFETCH_ALONE[kind] else 0
-                             for n, kind in (("q4_k", simd.Q4_K_KIND),
-                                             ("q6_k", simd.Q6_K_KIND))}, form)
+                vars(simd), {n: simd.AHEAD[n] if simd.PREFETCH_ALONE else 0
+                             for n in ("q4_k", "q6_k")}, form)
     model_path = prepare_model(BenchConfig(layers=args.layers).hparams(), args.type, seed=0,
                                prefill_tokens=256).path
     m = s2core.load(model_path, backend="numpy")
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine.describe()
     report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "type": args.type,
               "layers": args.layers, "steps": args.steps, "runs": runs,
-              "prefetch_alone": {str(k): v for k, v in simd.PREFETCH_ALONE.items()},
+              "prefetch_alone": simd.PREFETCH_ALONE,
               "isa": simd.isa(), "machine": info, "cpu_model": machine.cpu_model(),
               "cpu_flags": machine.cpu_flags()}
     lines = [f"{args.type}, {args.layers} S2 Pro-shaped layers: decode steps (context 256+), "

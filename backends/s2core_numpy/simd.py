@@ -560,7 +560,7 @@ def lone_block(kind: int) -> bool:
 LONE_BLOCK = {kind: lone_block(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
 
 
-def prefetch_alone(kind: int) -> bool:
+def prefetch_alone() -> bool:
     """Whether a product of a single activation row asks for lines ahead: not on AMD's Zen,
     whose own prefetcher streams the tile-blocks (read front to back, q6_k_group) faster
     alone. A 9728 x 2560 row streamed on a Zen 4 (benchmarks/prefetch_ahead.py), no hint
@@ -568,19 +568,17 @@ def prefetch_alone(kind: int) -> bool:
     0.93x (the AVX2 build alike, Q6_K 0.70x). Decode steps, the two alternated step by step
     (benchmarks/step_prefetch_alone.py, Q6_K's hint alone on or off): q6_k files 0.86-0.88x,
     q4_k_m 0.90-0.98x, the AVX2 build 0.74-0.84x; but in a slow spell of the machine's memory
-    q4_k_m ran 1.07-1.22x without. Asked per type (PREFETCH_ALONE), as the types once
-    differed here. Rows in blocks took 1.4-2x without the hint."""
+    q4_k_m ran 1.07-1.22x without. Rows in blocks took 1.4-2x without the hint."""
     return not host_cpu().startswith("znver")
 
 
-PREFETCH_ALONE = {kind: prefetch_alone(kind) for kind in (Q8_0_KIND, Q4_K_KIND, Q6_K_KIND)}
+PREFETCH_ALONE = prefetch_alone()
 #: per type, the kernel of a product of one row. Compiled into `products`, whose on-disk cache
 #: numba keys on its target CPU, not the host: a cache shared by another host under the same
 #: NUMBA_CPU_NAME may bring the other choice (speed only: the same bits either way)
 q8_0_alone, q4_k_alone, q6_k_alone = (
-    block if PREFETCH_ALONE[kind] else _make(body, 1, 0)
-    for kind, block, body in ((Q8_0_KIND, q8_0_block, _q8_0), (Q4_K_KIND, q4_k_block, _q4_k),
-                              (Q6_K_KIND, q6_k_block, _q6_k)))
+    block if PREFETCH_ALONE else _make(body, 1, 0)
+    for block, body in ((q8_0_block, _q8_0), (q4_k_block, _q4_k), (q6_k_block, _q6_k)))
 
 _ACC = CHUNK * ROWS
 
