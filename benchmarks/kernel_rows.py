@@ -1,4 +1,5 @@
-"""What the integer kernels' benchmarks (amx_rows.py, int_block_rows.py, prefetch_ahead.py,
+"""What the integer kernels' benchmarks (amx_rows.py, int_block_rows.py, multiply_peak.py,
+prefetch_ahead.py,
 step_prefetch_alone.py) share: copies of one 9728 x 2560 matrix (S2 Pro's FFN shape) of
 random valid blocks, packed as the NumPy backend packs them for its integer kernels, the
 quantized activation rows they take, the time of each of several kernels over all copies,
@@ -20,12 +21,12 @@ from s2core.kit.blocks import random_blocks
 SHAPE = (9728, 2560)
 
 
-def packed_copies(name: str, copies: int) -> list:
+def packed_copies(name: str, copies: int, shape: tuple[int, int] = SHAPE) -> list:
     """`copies` IntDotMatrix of one matrix of type `name` ("Q8_0", "Q4_K", "Q6_K")."""
     from s2core_numpy.int_dots import IntDotMatrix
     qt = QT[name]
     per_block = 32 if qt == QT.Q8_0 else 256
-    raw = random_blocks(qt, SHAPE[0], SHAPE[1] // per_block, 3)
+    raw = random_blocks(qt, shape[0], shape[1] // per_block, 3)
     return [IntDotMatrix.from_raw(raw, qt) for _ in range(copies)]
 
 

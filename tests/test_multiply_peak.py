@@ -1,0 +1,88 @@
+"""benchmarks/multiply_peak.py's instrument: the spin loops that measure the machine's
+multiply-add peak must do exactly the work they count (an LLVM that folded or hoisted some of
+it away would report a peak above the machine's, and every kernel would look inefficient).
+Their results are checked against the sums worked out by hand, in both builds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+from s2core.benchmarking.machine import HASWELL  # noqa: E402
+
+from s2core_numpy import simd  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import multiply_peak  # noqa: E402
+
+needs_integer_kernels = pytest.mark.skipif(
+    not simd.isa(), reason="this CPU has neither AVX2 nor AVX-512 VNNI: no integer kernels")
+
+#: spins of each instrument, run in a child process under another numba target (the AVX2
+#: build); prints its results as JSON
+_CHILD = """
+import json, sys
+sys.path.insert(0, {benchmarks!r})
+import multiply_peak
+from s2core_numpy import simd
+run, per = multiply_peak._int8_spin()
+print(json.dumps({{"isa": simd.isa(), "int8": run({n}, 0x01020304), "per": per}}))
+"""
+
+
+def int8_expected(n: int, isa: str) -> int:
+    """Lane 0's sum over the chains and their registers (one on VNNI, two halves on AVX2:
+    each does its share of a dot's 64) after n iterations of two dots of the bytes
+    (1, 2, 3, 4) with themselves (1 + 4 + 9 + 16 = 30 each), wrapped to int32 as the registers
+    wrap."""
+    parts = 1 if isa == "vnni" else 2
+    total = parts * multiply_peak.CHAINS * 2 * 30 * n
+    return (total + 2**31) % 2**32 - 2**31
+
+
+@needs_integer_kernels
+@pytest.mark.parametrize("n", [1, 7, 100_000_000])
+def test_int8_spin_does_every_dot_it_counts(n):
+    run, per_iteration = multiply_peak._int8_spin()
+    assert per_iteration == multiply_peak.CHAINS * 2 * 64, "64 multiply-adds per dot"
+    assert run(n, 0x01020304) == int8_expected(n, simd.isa())
+
+
+@needs_integer_kernels
+def test_int8_spin_of_the_avx2_build():
+    """The AVX2 form (vpmaddubsw + vpmaddwd) counts the same work, built on this machine by
+    naming a Haswell to numba."""
+    if simd.isa() != "vnni":
+        pytest.skip("the host build is the AVX2 one already (tested above)")
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=HASWELL,
+               NUMBA_CACHE_DIR=str(ROOT / ".pytest_cache" / "numba-haswell-peak"))
+    n = 12345
+    out = subprocess.run([sys.executable, "-c", _CHILD.format(
+        benchmarks=str(ROOT / "benchmarks"), n=n)], env=env, capture_output=True,
+        text=True, check=True, timeout=600)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["isa"] == "avx2"
+    assert got["int8"] == int8_expected(n, "avx2")
+
+
+@pytest.mark.parametrize("n", [1, 1000, 1_000_000])
+def test_float_spin_does_every_multiply_add_it_counts(n):
+    """Chain c starts at c and adds 1 * 1 each iteration: lane 0 of the sum over chains is
+    sum(c) + chains * n (exact in float32 at these sizes)."""
+    run, per_iteration = multiply_peak._float_spin()
+    chains = multiply_peak.CHAINS
+    assert per_iteration == chains * multiply_peak.FLOAT_LANES
+    assert run(n, 1.0) == chains * (chains - 1) / 2 + chains * n
+
+
+def test_peak_reports_a_positive_rate():
+    assert multiply_peak.peak("float", 1, seconds=0.01, reps=1) > 0
