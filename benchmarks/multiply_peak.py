@@ -60,8 +60,11 @@ from s2core.benchmarking.bandwidth import GemvProbe, usable_cores  # noqa: E402
 
 _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 #: independent accumulators per thread: enough to cover the instruction's latency times the
-#: pipes that run it (vpdpbusd: 4-5 cycles, one or two a cycle)
-CHAINS = 12
+#: pipes that run it (vpdpbusd, a fused multiply-add: 4-5 cycles, one or two a cycle), few
+#: enough for the registers (AVX2 has 16: its int8 chains are two halves, each with its own
+#: weights, and twelve of those spilled to the stack and ran at a quarter of the peak)
+FLOAT_CHAINS = 12
+INT8_CHAINS = {"vnni": 12, "avx2": 4}
 FLOAT_LANES = 8  # ggml_ops' F16 products multiply-add 8 lanes an instruction
 
 
@@ -88,48 +91,70 @@ def _counted_loop(builder: ir.IRBuilder, n: ir.Value, start: list, step) -> list
 
 
 def _int8_spin():
-    """n -> int: CHAINS accumulators, each taking two of simd.Emitter's dots (64 int8
-    multiply-adds each) per iteration, n iterations."""
+    """(n, byte, 0) -> int: INT8_CHAINS accumulators, each taking two of simd.Emitter's dots
+    (64 int8 multiply-adds each) per iteration, n iterations."""
     from s2core_numpy.simd import Emitter
+    chains = INT8_CHAINS[_isa()]
 
     @intrinsic
-    def spin(typingctx, n, byte):
+    def spin(typingctx, n, byte, zero):
         def codegen(context, builder, signature, args):
             e = Emitter(builder, _isa())
-            count, value = args
+            count, value, nothing = args
             # a weight byte below 64 (AVX2's int16 pair sums stay in range) and an activation
             # byte, from a run-time value so that nothing folds to a constant
             w = [builder.bitcast(v, e.bytes_t) for v in e.splat(builder.trunc(
                 builder.and_(value, ir.Constant(_I64, 0x3F3F3F3F)), _I32))]
             x = [builder.bitcast(v, e.bytes_t) for v in e.splat(builder.trunc(value, _I32))]
-            start = [a for _ in range(CHAINS) for a in e.zero()]
             parts = e.parts
+            # VNNI's dot takes its accumulator in the same instruction, so every chain's is its
+            # own. AVX2's multiplies first and adds after: with the same loop-invariant
+            # operands LLVM would multiply once, before the loop, and only add in it. There
+            # each chain carries its own weights, xor a run-time zero every iteration (one
+            # cheap op a register, off the multiply pipes), so every multiply stays in the
+            # loop; each register's zero is another multiple of it, so LLVM cannot prove two
+            # chains' weights equal and merge their products either.
+            own = e.kind != "vnni"
+            flips = [builder.bitcast(e.splat(builder.trunc(builder.mul(
+                nothing, ir.Constant(_I64, k + 1)), _I32))[0], e.bytes_t)
+                for k in range(chains * parts)] if own else None
+            start = [a for _ in range(chains) for a in e.zero()]
+            if own:
+                start += w * chains
 
             def step(values):
-                out = []
-                for c in range(CHAINS):
+                out, weights = [], []
+                for c in range(chains):
                     acc = values[c * parts:(c + 1) * parts]
-                    out += e.dot(e.dot(acc, [(w, x)]), [(x, w)])
-                return out
+                    wc = w
+                    if own:
+                        at = chains * parts + c * parts
+                        wc = e.op("xor", values[at:at + parts], flips[c * parts:(c + 1) * parts])
+                        weights += wc
+                    # two pairs a call: AVX2 adds their int16 sums before widening them, as
+                    # the kernels do (simd.Emitter.dot); VNNI takes two dots
+                    out += e.dot(acc, [(wc, x), (x, wc)])
+                return out + weights
 
-            last = _counted_loop(builder, count, start, step)
+            last = _counted_loop(builder, count, start, step)[:chains * parts]
             # every register of every chain reaches the result: a chain (or an AVX2 half)
             # left unused after the loop would be dropped, and its work counted but not done
             total = last[0]
             for v in last[1:]:
                 total = builder.add(total, v)
             return builder.sext(builder.extract_element(total, ir.Constant(_I32, 0)), _I64)
-        return types.int64(n, byte), codegen
+        return types.int64(n, byte, zero), codegen
 
     @njit(nogil=True)
-    def run(n, byte):
-        return spin(n, byte)
+    def run(n, byte, zero):
+        """zero: 0, passed at run time (a default would be compiled in as a constant)."""
+        return spin(n, byte, zero)
 
-    return run, 2 * CHAINS * 64  # multiply-adds an iteration
+    return run, 2 * chains * 64  # multiply-adds an iteration
 
 
 def _float_spin():
-    """n -> float: CHAINS accumulators of FLOAT_LANES float32, one fused multiply-add each per
+    """n -> float: FLOAT_CHAINS accumulators of FLOAT_LANES float32, one fused multiply-add each per
     iteration."""
     vec = ir.VectorType(ir.FloatType(), FLOAT_LANES)
 
@@ -144,7 +169,7 @@ def _float_spin():
             a = builder.shuffle_vector(one, ir.Constant(vec, None),
                                        ir.Constant(ir.VectorType(_I32, FLOAT_LANES),
                                                    [0] * FLOAT_LANES))
-            start = [ir.Constant(vec, [float(c)] * FLOAT_LANES) for c in range(CHAINS)]
+            start = [ir.Constant(vec, [float(c)] * FLOAT_LANES) for c in range(FLOAT_CHAINS)]
             last = _counted_loop(builder, count, start,
                                  lambda values: [builder.call(fma, [acc, a, a])
                                                  for acc in values])
@@ -159,7 +184,7 @@ def _float_spin():
     def run(n, value):
         return spin(n, value)
 
-    return run, CHAINS * FLOAT_LANES
+    return run, FLOAT_CHAINS * FLOAT_LANES
 
 
 def _isa() -> str:
@@ -171,14 +196,14 @@ def peak(kind: str, threads: int, seconds: float = 0.3, reps: int = 5) -> float:
     """Multiply-adds a second (best of `reps`) of `threads` threads each spinning
     `kind`'s ("int8" or "float") instruction for about `seconds`."""
     run, per_iteration = _int8_spin() if kind == "int8" else _float_spin()
-    arg = 0x01020304 if kind == "int8" else 1.0
-    run(1000, arg)  # compile
+    args = (0x01020304, 0) if kind == "int8" else (1.0,)
+    run(1000, *args)  # compile
     t0 = time.perf_counter()
-    run(1_000_000, arg)
+    run(1_000_000, *args)
     n = max(1000, int(1_000_000 * seconds / (time.perf_counter() - t0)))
     best = float("inf")
     for _ in range(reps):
-        workers = [threading.Thread(target=run, args=(n, arg)) for _ in range(threads)]
+        workers = [threading.Thread(target=run, args=(n, *args)) for _ in range(threads)]
         t0 = time.perf_counter()
         for w in workers:
             w.start()

@@ -35,7 +35,10 @@ sys.path.insert(0, {benchmarks!r})
 import multiply_peak
 from s2core_numpy import simd
 run, per = multiply_peak._int8_spin()
-print(json.dumps({{"isa": simd.isa(), "int8": run({n}, 0x01020304), "per": per}}))
+result = run({n}, 0x01020304, 0)
+asm = run.inspect_asm(run.signatures[0])
+print(json.dumps({{"isa": simd.isa(), "int8": result, "per": per,
+                  "multiplies": asm.count("vpmaddubsw")}}))
 """
 
 
@@ -45,16 +48,38 @@ def int8_expected(n: int, isa: str) -> int:
     (1, 2, 3, 4) with themselves (1 + 4 + 9 + 16 = 30 each), wrapped to int32 as the registers
     wrap."""
     parts = 1 if isa == "vnni" else 2
-    total = parts * multiply_peak.CHAINS * 2 * 30 * n
+    total = parts * multiply_peak.INT8_CHAINS[isa] * 2 * 30 * n
     return (total + 2**31) % 2**32 - 2**31
+
+
+#: the instruction that multiplies, per build, and the registers a dot takes
+MULTIPLY = {"vnni": ("vpdpbusd", 1), "avx2": ("vpmaddubsw", 2)}
+
+
+def check_every_multiply_in_code(count: int, isa: str) -> None:
+    """The compiled spin holds a whole number of copies of the loop's dots: had LLVM hoisted
+    the multiplies out of the loop (loop-invariant operands), one copy of each distinct
+    product would remain and the count would fall short."""
+    per_loop = 2 * multiply_peak.INT8_CHAINS[isa] * MULTIPLY[isa][1]
+    assert count >= per_loop and count % per_loop == 0, (
+        f"{count} {MULTIPLY[isa][0]} in the spin's code, not a multiple of the {per_loop} "
+        "its loop counts: some multiplies left the loop")
+
+
+@needs_integer_kernels
+def test_int8_spin_keeps_its_multiplies_in_the_loop():
+    run, _ = multiply_peak._int8_spin()
+    run(3, 0x01020304, 0)
+    asm = run.inspect_asm(run.signatures[0])
+    check_every_multiply_in_code(asm.count(MULTIPLY[simd.isa()][0]), simd.isa())
 
 
 @needs_integer_kernels
 @pytest.mark.parametrize("n", [1, 7, 100_000_000])
 def test_int8_spin_does_every_dot_it_counts(n):
     run, per_iteration = multiply_peak._int8_spin()
-    assert per_iteration == multiply_peak.CHAINS * 2 * 64, "64 multiply-adds per dot"
-    assert run(n, 0x01020304) == int8_expected(n, simd.isa())
+    assert per_iteration == multiply_peak.INT8_CHAINS[simd.isa()] * 2 * 64, "64 per dot"
+    assert run(n, 0x01020304, 0) == int8_expected(n, simd.isa())
 
 
 @needs_integer_kernels
@@ -72,6 +97,7 @@ def test_int8_spin_of_the_avx2_build():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["isa"] == "avx2"
     assert got["int8"] == int8_expected(n, "avx2")
+    check_every_multiply_in_code(got["multiplies"], "avx2")
 
 
 @pytest.mark.parametrize("n", [1, 1000, 1_000_000])
@@ -79,10 +105,19 @@ def test_float_spin_does_every_multiply_add_it_counts(n):
     """Chain c starts at c and adds 1 * 1 each iteration: lane 0 of the sum over chains is
     sum(c) + chains * n (exact in float32 at these sizes)."""
     run, per_iteration = multiply_peak._float_spin()
-    chains = multiply_peak.CHAINS
+    chains = multiply_peak.FLOAT_CHAINS
     assert per_iteration == chains * multiply_peak.FLOAT_LANES
     assert run(n, 1.0) == chains * (chains - 1) / 2 + chains * n
 
 
 def test_peak_reports_a_positive_rate():
     assert multiply_peak.peak("float", 1, seconds=0.01, reps=1) > 0
+
+
+def test_float_spin_keeps_its_multiply_adds_in_the_loop():
+    run, _ = multiply_peak._float_spin()
+    run(3, 1.0)
+    count = run.inspect_asm(run.signatures[0]).count("vfmadd")
+    chains = multiply_peak.FLOAT_CHAINS
+    assert count >= chains and count % chains == 0, (
+        f"{count} fused multiply-adds in the spin's code, not a multiple of its {chains} chains")
