@@ -158,11 +158,12 @@ def test_batch_case_quick_run(tmp_path):
     """`s2core bench --case batch --quick`: B concurrent requests through the real server in a
     child process; the frames counted are B x the timed frames, the chart is written."""
     rc = main(["--case", "batch", "--quick", "--backends", "numpy,example", "--types", "f16",
-               "--out", str(tmp_path / "out"), "--model-dir", str(tmp_path / "models")])
+               "--frames", "3", "--out", str(tmp_path / "out"),
+               "--model-dir", str(tmp_path / "models")])
     assert rc == 0
     [path] = (tmp_path / "out").glob("batch-*.json")
     report = json.loads(path.read_text())
-    assert report["sizes"] == [1, 2]
+    assert report["sizes"] == [1, 2] and report["frames"] == 3
     by_backend = {r["backend"]: r for r in report["results"]}
     assert set(by_backend) == {"numpy", "example"}
     for r in report["results"]:
@@ -178,6 +179,14 @@ def test_batch_case_quick_run(tmp_path):
     assert by_backend["example"]["sizes"][1]["sequences_per_call"] == 1  # served in turns
     assert path.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
     assert "frames/s" in path.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("option", ["--frames", "--rounds"])
+def test_batch_case_refuses_a_count_below_one(option, tmp_path, capsys):
+    rc = main(["--case", "batch", option, "0", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert "--frames and --rounds must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_http_case_quick_run(tmp_path):

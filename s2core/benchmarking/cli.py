@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=lambda text: tuple(int(x) for x in _csv(text)),
                    help="batch case: the numbers of concurrent sequences, the first the "
                         "baseline of the speedups (default 1,2,4,8)")
+    p.add_argument("--frames", type=int, default=4,
+                   help="batch case: timed frames of every request per size and round (4)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="batch case: interleaved rounds over the sizes (3; 1 with --quick)")
     p.add_argument("--steps", type=int, help="timed decode steps after 3 warm-up steps (20)")
     p.add_argument("--prefill-tokens", type=int, help="tokens per timed prefill (256)")
     p.add_argument("--phase-budget", type=float, dest="phase_budget_s",
@@ -121,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.sizes is not None and (not args.sizes or min(args.sizes) < 1):
             print("--sizes must be positive numbers of sequences", file=sys.stderr)
             return 2
-        return write_batch(run_batch_benchmark(cfg, _say, sizes=args.sizes), cfg.out_dir)
+        if args.frames < 1 or args.rounds < 1:
+            print("--frames and --rounds must be positive", file=sys.stderr)
+            return 2
+        return write_batch(run_batch_benchmark(cfg, _say, frames=args.frames,
+                                               rounds=args.rounds, sizes=args.sizes),
+                           cfg.out_dir)
 
     if args.case == "http":
         from s2core.benchmarking.http import run_http_benchmark, write_outputs as write_http
