@@ -14,8 +14,8 @@ instruction the kernels spend it on, alone:
 * **int8 peak**: one thread per core, each running independent chains of the integer dot the
   kernels use (simd.Emitter.dot: one AVX-512 VNNI `vpdpbusd` on 64 bytes, or AVX2's
   `vpmaddubsw` + `vpmaddwd`), registers only: int8 multiply-adds a second.
-* **float peak**: the same with float32 fused multiply-adds on 8 lanes (the F16 products'
-  instruction, ggml_ops.py): multiply-adds a second.
+* **float peak**: the same with float32 fused multiply-adds on the target's vector width (the
+  F16 products' instruction, ggml_ops.py): multiply-adds a second.
 
 Then the kernels themselves, on the same thread count:
 * **in cache**: a 512 x 2560 matrix (its tiles fit the cores' L2) times 4, 8 and 16 rows,
@@ -65,7 +65,13 @@ _I8, _I32, _I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 #: weights, and twelve of those spilled to the stack and ran at a quarter of the peak)
 FLOAT_CHAINS = 12
 INT8_CHAINS = {"vnni": 12, "avx2": 4}
-FLOAT_LANES = 8  # ggml_ops' F16 products multiply-add 8 lanes an instruction
+
+
+def float_lanes() -> int:
+    """float32 lanes a fused multiply-add takes: the target's vector register, as in
+    ggml_ops' F16 products (attention.vector_shape: 16 on AVX-512, 8 on AVX2)."""
+    from s2core_numpy.attention import vector_shape
+    return vector_shape()[0]
 
 
 def _counted_loop(builder: ir.IRBuilder, n: ir.Value, start: list, step) -> list:
@@ -154,22 +160,22 @@ def _int8_spin():
 
 
 def _float_spin():
-    """n -> float: FLOAT_CHAINS accumulators of FLOAT_LANES float32, one fused multiply-add each per
-    iteration."""
-    vec = ir.VectorType(ir.FloatType(), FLOAT_LANES)
+    """n -> float: FLOAT_CHAINS accumulators of float_lanes() float32, one fused
+    multiply-add each per iteration."""
+    lanes = float_lanes()
+    vec = ir.VectorType(ir.FloatType(), lanes)
 
     @intrinsic
     def spin(typingctx, n, value):
         def codegen(context, builder, signature, args):
             fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{FLOAT_LANES}f32")
+                builder.module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f32")
             count, v = args
             one = builder.insert_element(ir.Constant(vec, None), builder.fptrunc(
                 v, ir.FloatType()), ir.Constant(_I32, 0))
             a = builder.shuffle_vector(one, ir.Constant(vec, None),
-                                       ir.Constant(ir.VectorType(_I32, FLOAT_LANES),
-                                                   [0] * FLOAT_LANES))
-            start = [ir.Constant(vec, [float(c)] * FLOAT_LANES) for c in range(FLOAT_CHAINS)]
+                                       ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+            start = [ir.Constant(vec, [float(c)] * lanes) for c in range(FLOAT_CHAINS)]
             last = _counted_loop(builder, count, start,
                                  lambda values: [builder.call(fma, [acc, a, a])
                                                  for acc in values])
@@ -184,7 +190,7 @@ def _float_spin():
     def run(n, value):
         return spin(n, value)
 
-    return run, FLOAT_CHAINS * FLOAT_LANES
+    return run, FLOAT_CHAINS * lanes
 
 
 def _isa() -> str:

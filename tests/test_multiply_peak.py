@@ -106,7 +106,7 @@ def test_float_spin_does_every_multiply_add_it_counts(n):
     sum(c) + chains * n (exact in float32 at these sizes)."""
     run, per_iteration = multiply_peak._float_spin()
     chains = multiply_peak.FLOAT_CHAINS
-    assert per_iteration == chains * multiply_peak.FLOAT_LANES
+    assert per_iteration == chains * multiply_peak.float_lanes()
     assert run(n, 1.0) == chains * (chains - 1) / 2 + chains * n
 
 
