@@ -53,7 +53,8 @@ def _q8_codes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q8_0/Q8_1 codes (float32 integers) and unrounded d of blocks (..., 32), in float32 as
     ggml's x86 code computes them."""
     if _kernels is not None:
-        codes, d, _ = _integer_codes(blocks.reshape(-1, 32), _kernels.q8_0_quantize)
+        codes, d, _ = _kernels.quantize_blocks(
+            np.ascontiguousarray(blocks.reshape(-1, 32), _F32), True)
         return codes.astype(_F32).reshape(blocks.shape), d.reshape(blocks.shape[:-1])
     amax = np.abs(blocks).max(axis=-1)
     d = amax / _F32(127)
@@ -86,7 +87,8 @@ def snap_q8_k(x: np.ndarray) -> np.ndarray:
     """x (n, in) float32 -> d * codes per block of 256 (d = 1 / iscale, float32)."""
     blocks = x.reshape(x.shape[0], -1, 256)
     if _kernels is not None:
-        codes, d, _ = _integer_codes(blocks.reshape(-1, 256), _kernels.q8_k_quantize)
+        codes, d, _ = _kernels.quantize_blocks(
+            np.ascontiguousarray(blocks.reshape(-1, 256), _F32), False)
         return (codes.astype(_F32) * d[:, None]).reshape(x.shape)
     first = np.abs(blocks).argmax(axis=-1)  # the first of largest magnitude, as ggml's scan
     peak = np.take_along_axis(blocks, first[..., None], axis=-1)[..., 0]
@@ -117,16 +119,6 @@ def snap(dot_type: str, x: np.ndarray) -> np.ndarray:
     if dot_type == "bf16":
         return snap_bf16(x)
     raise ValueError(f"no dot type {dot_type!r}")
-
-
-def _integer_codes(blocks: np.ndarray, kernel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """blocks (n, block) contiguous float32 -> (int8 codes, d (n,), sums per 16 (n, block/16))
-    by one of act_quant_kernels' quantizers."""
-    codes = np.empty(blocks.shape, np.int8)
-    d = np.empty(blocks.shape[0], _F32)
-    sums = np.empty((blocks.shape[0], blocks.shape[1] // 16), np.int32)
-    kernel(np.ascontiguousarray(blocks, _F32), codes, d, sums)
-    return codes, d, sums
 
 
 def quantize(dot_type: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -79,6 +79,21 @@ def q8_k_quantize(blocks, codes, d, sums):
 
 
 @njit(cache=True)
+def quantize_blocks(blocks, q8_0):
+    """blocks (n, 32 or 256) C-contiguous float32 -> (int8 codes (n, block), d (n,) float32
+    unrounded, the codes' sums per 16 (n, block / 16) int32) by Q8_0's quantizer if q8_0,
+    else Q8_K's."""
+    codes = np.empty(blocks.shape, np.int8)
+    d = np.empty(blocks.shape[0], _F32)
+    sums = np.empty((blocks.shape[0], blocks.shape[1] // 16), np.int32)
+    if q8_0:
+        q8_0_quantize(blocks, codes, d, sums)
+    else:
+        q8_k_quantize(blocks, codes, d, sums)
+    return codes, d, sums
+
+
+@njit(cache=True)
 def integer_codes(x, q8_0):
     """The rows x (n, in) float32, C-contiguous, as the integer kernels take them: (int8 codes
     (n, in), d (n, in / block) float32 as the dot uses it, the codes' sums per 16 (n, in / 16)
@@ -90,14 +105,8 @@ def integer_codes(x, q8_0):
     VNNI, whose F16C converts to float16 in one instruction: f16._through_half)."""
     n, width = x.shape
     block = 32 if q8_0 else 256
-    blocks = x.reshape(n * (width // block), block)
-    codes = np.empty(blocks.shape, np.int8)
-    d = np.empty(blocks.shape[0], _F32)
-    sums = np.empty((blocks.shape[0], block // 16), np.int32)
+    codes, d, sums = quantize_blocks(x.reshape(n * (width // block), block), q8_0)
     if q8_0:
-        q8_0_quantize(blocks, codes, d, sums)
         for b in range(d.shape[0]):
             d[b] = _through_half(d[b])
-    else:
-        q8_k_quantize(blocks, codes, d, sums)
     return codes.reshape(n, width), d.reshape(n, width // block), sums.reshape(n, width // 16)
