@@ -286,6 +286,13 @@ def test_row_kernels_rope_is_numpys_bit_for_bit(n, heads, d):
                                   ops.apply_rope(x, cos, sin).view(np.uint32))
 
 
+def test_silu_in_place_is_the_written_out_formula_bit_for_bit():
+    from s2core_numpy import ops
+    x = np.random.default_rng(4).standard_normal((3, 9728), dtype=np.float32) * 6
+    written_out = x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
+    np.testing.assert_array_equal(ops.silu(x).view(np.uint32), written_out.view(np.uint32))
+
+
 def test_swiglu_in_place_is_silu_times_up_bit_for_bit():
     from s2core_numpy import ops
     rng = np.random.default_rng(3)

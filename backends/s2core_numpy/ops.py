@@ -68,18 +68,20 @@ def causal_softmax(scores: np.ndarray, q_start: int) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), written with tanh so large |x| cannot overflow."""
-    return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
-
-
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """The feed-forward's gate: silu(gate) * up, the same numbers, its operations done in
-    place in one array instead of five temporaries (8 rows of 9728: 69 against 102 us)."""
-    out = np.multiply(gate, np.float32(0.5), dtype=np.float32)
+    """x * sigmoid(x), written with tanh so large |x| cannot overflow: (0.5 + 0.5 *
+    tanh(0.5 x)) * x, its operations done in place in one new array."""
+    out = np.multiply(x, np.float32(0.5))
     np.tanh(out, out=out)
     out *= np.float32(0.5)
     out += np.float32(0.5)
-    out *= gate
+    out *= x
+    return out
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The feed-forward's gate: silu(gate) * up, in place in silu's one array instead of five
+    temporaries (8 rows of 9728: 69 against 102 us)."""
+    out = silu(gate)
     out *= up
     return out
 
