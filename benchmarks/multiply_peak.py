@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import statistics
 import sys
 import threading
@@ -96,6 +97,7 @@ def _counted_loop(builder: ir.IRBuilder, n: ir.Value, start: list, step) -> list
     return new
 
 
+@functools.lru_cache(maxsize=None)  # compiled once, for one thread and for all
 def _int8_spin():
     """(n, byte, 0) -> int: INT8_CHAINS accumulators, each taking two of simd.Emitter's dots
     (64 int8 multiply-adds each) per iteration, n iterations."""
@@ -159,6 +161,7 @@ def _int8_spin():
     return run, 2 * chains * 64  # multiply-adds an iteration
 
 
+@functools.lru_cache(maxsize=None)
 def _float_spin():
     """n -> float: FLOAT_CHAINS accumulators of float_lanes() float32, one fused
     multiply-add each per iteration."""
