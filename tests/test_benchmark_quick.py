@@ -6,6 +6,7 @@ Nothing here compares a time with a threshold: a slow or busy machine must still
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -176,9 +177,46 @@ def test_batch_case_quick_run(tmp_path):
                 <= row["sequences"] * (report["frames"] + 1) * row["rounds"]
             assert row["frames_per_s"] > 0 and row["speedup"] > 0
     assert by_backend["numpy"]["sizes"][1]["sequences_per_call"] == 2
+    # the child says which kernels ran: this machine's, unless the caller named another CPU
+    assert by_backend["numpy"]["numba_target"]["cpu_name"] == \
+        (os.environ.get("NUMBA_CPU_NAME") or "host")
     assert by_backend["example"]["sizes"][1]["sequences_per_call"] == 1  # served in turns
     assert path.with_suffix(".png").read_bytes().startswith(PNG_SIGNATURE)
     assert "frames/s" in path.with_suffix(".md").read_text()
+
+
+def test_batch_case_avx2_build(tmp_path, monkeypatch):
+    """`--avx2`: the children compile numba's kernels for a Haswell (the code AVX2-only CPUs
+    run) and say so; the files are tagged -avx2 and name the build; the caller's environment
+    is left as it was."""
+    from s2core.benchmarking.machine import cpu_flags
+    if "avx2" not in cpu_flags():
+        pytest.skip("this CPU cannot run the AVX2 build")
+    for key in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"):
+        monkeypatch.delenv(key, raising=False)
+    rc = main(["--case", "batch", "--quick", "--avx2", "--backends", "numpy", "--types",
+               "q8_0", "--frames", "2", "--out", str(tmp_path / "out"),
+               "--model-dir", str(tmp_path / "models")])
+    assert rc == 0
+    [path] = (tmp_path / "out").glob("batch-*.json")
+    assert path.stem.endswith("-avx2-quick")
+    report = json.loads(path.read_text())
+    [result] = report["results"]
+    assert result["status"] == "ok", result.get("error")
+    assert result["numba_target"] == {"cpu_name": "haswell", "build": "avx2"}
+    assert report["machine"]["env"]["NUMBA_CPU_NAME"] == "haswell"
+    text = path.with_suffix(".md").read_text()
+    assert "the AVX2 build" in text and "CPU flags: " in text
+    assert "NUMBA_CPU_NAME" not in os.environ and "NUMBA_CPU_FEATURES" not in os.environ
+
+
+def test_avx2_refused_where_the_cpu_cannot_run_it(tmp_path, capsys, monkeypatch):
+    from s2core.benchmarking import cli
+    monkeypatch.setattr(cli, "cpu_flags", lambda: ["asimd", "fphp"])  # an ARM server's
+    rc = main(["--case", "batch", "--avx2", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert "--avx2 builds the AVX2 code, which this CPU cannot run" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("option", ["--frames", "--rounds"])

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from s2core.benchmarking.machine import numba_target, summary_lines
+
 
 def load_average() -> tuple[float, ...]:
     return os.getloadavg() if hasattr(os, "getloadavg") else ()
@@ -41,7 +43,9 @@ def child_main(measure: Callable[[dict[str, Any]], dict[str, Any]],
     """The child's side of `run_child`: argv = SPEC RESULT."""
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
-    Path(argv[1]).write_text(json.dumps(measure(spec), indent=1))
+    result = measure(spec)
+    result["numba_target"] = numba_target()  # which kernels ran (--avx2)
+    Path(argv[1]).write_text(json.dumps(result, indent=1))
     return 0
 
 
@@ -59,7 +63,9 @@ def write_case_outputs(case: str, report: dict[str, Any], out_dir: Path, lines: 
         chart(report, png)
         if png.exists():
             lines = lines + ["", f"![{case}]({png.name})"]
-    stem.with_suffix(".md").write_text(f"# s2core bench --case {case}\n\n" + "\n".join(lines) + "\n")
+    machine = ["", "## Machine", ""] + [f"- {line}" for line in summary_lines(report["machine"])]
+    stem.with_suffix(".md").write_text(f"# s2core bench --case {case}\n\n"
+                                       + "\n".join(lines + machine) + "\n")
     print("\n".join(lines))
     print(f"\nwrote {stem}.json, {stem}.md" + (f", {png}" if png.exists() else ""))
     ok = report["results"] and all(r["status"] == "ok" for r in report["results"])

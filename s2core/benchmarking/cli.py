@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import os
 import sys
 from pathlib import Path
 
 from s2core.benchmarking.config import DEFAULT_OUT, DEFAULT_TYPES, BenchConfig
+from s2core.benchmarking.machine import HASWELL, cpu_flags
+
+#: numba's target for --avx2 (machine.HASWELL: the name alone would keep the host's features)
+HASWELL_ENV = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": HASWELL}
 
 # The measuring libraries are the `bench` extra; say so instead of failing on an import.
 REQUIRED = ("matplotlib", "psutil", "threadpoolctl")
@@ -58,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model cache (default ~/.cache/s2core or $S2CORE_CACHE)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--avx2", action="store_true",
+                   help="compile numba's kernels (the NumPy backend's) for a Haswell: the code "
+                        "AVX2-only CPUs run, measured on an AVX-512 machine; files are tagged "
+                        "-avx2 (needs a CPU with AVX2)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny run (1-layer test-sized model, few repetitions) for tests")
     p.add_argument("--codec", action="store_true",
@@ -115,19 +125,44 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.steps < 1 or cfg.context < 1 or cfg.prefill_tokens < 1 or cfg.layers < 1:
         print("--steps, --context, --prefill-tokens and --layers must be positive", file=sys.stderr)
         return 2
+    if args.case == "batch" and args.sizes is not None and (not args.sizes
+                                                             or min(args.sizes) < 1):
+        print("--sizes must be positive numbers of sequences", file=sys.stderr)
+        return 2
+    if args.case == "batch" and (args.frames < 1 or args.rounds < 1):
+        print("--frames and --rounds must be positive", file=sys.stderr)
+        return 2
+    if args.avx2 and "avx2" not in cpu_flags():
+        print("--avx2 builds the AVX2 code, which this CPU cannot run (no avx2 among its flags "
+              f"{cpu_flags()})", file=sys.stderr)
+        return 2
+    with numba_target(HASWELL_ENV if args.avx2 else {}):
+        return run_case(args, cfg)
 
+
+@contextlib.contextmanager
+def numba_target(env: dict[str, str]):
+    """The environment the measuring children start with, numba's target among it, set for
+    the run and put back after (main may run inside another program, a test)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, value in saved.items():
+            if value is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = value
+
+
+def run_case(args: argparse.Namespace, cfg: BenchConfig) -> int:
     if args.case == "voice":
         from s2core.benchmarking.voice import run_voice_benchmark, write_outputs as write_voice
         return write_voice(run_voice_benchmark(cfg, _say), cfg.out_dir)
 
     if args.case == "batch":
         from s2core.benchmarking.batch import run_batch_benchmark, write_outputs as write_batch
-        if args.sizes is not None and (not args.sizes or min(args.sizes) < 1):
-            print("--sizes must be positive numbers of sequences", file=sys.stderr)
-            return 2
-        if args.frames < 1 or args.rounds < 1:
-            print("--frames and --rounds must be positive", file=sys.stderr)
-            return 2
         return write_batch(run_batch_benchmark(cfg, _say, frames=args.frames,
                                                rounds=args.rounds, sizes=args.sizes),
                            cfg.out_dir)

@@ -338,9 +338,6 @@ def table_lines(report: dict[str, Any]) -> list[str]:
                   f"add {f['step_ms']:.0f} ms to the floor; none comes before the first audio. "
                   "While this backend ran, other processes and the hypervisor took "
                   f"{r['others_cpu_share']:.0%} of the machine's CPU time.", ""]
-    from s2core.benchmarking.machine import summary_lines
-    lines += summary_lines(report["machine"])
-    lines += ["CPU flags: " + " ".join(report["machine"]["cpu_flags"]), ""]
     lines += ["Slow-AR = restore + prefill + decode steps; Fast-AR = its calls less the code "
               "draws; sampling = main tokens and codes; codec = every streaming push and the "
               "flush; other = the wall time the four leave (prompt, voice files, the loop).",

@@ -239,12 +239,9 @@ def run_http_benchmark(cfg, say: Callable[[str], None], frames: int = 6,
 
 # ---------------------------------------------------------------------- output
 def table_lines(report: dict[str, Any]) -> list[str]:
-    m = report["machine"]
     lines = [f"HTTP case ({report['model_label']}; codec: {report['codec']}): N streaming "
              f"clients at once, each a different text and seed, at most {report['frames']} "
              f"frames each; {report['rounds']} interleaved round(s), medians over rounds.",
-             "", f"Machine: {m.get('cpu_model', '?')}, {m.get('cpus_usable', '?')} usable CPUs; "
-             f"SIMD flags: {', '.join(m.get('cpu_flags') or ['?'])}.",
              "", "| type | backend | N | frames | first audio p50 s | p95 s | HTTP frames/s | "
              "in process + audio | generate_many (codes) | HTTP / in process + audio | "
              "HTTP / generate_many |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -32,6 +32,27 @@ HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,+
            "+ssse3,+x87,+xsave,+xsaveopt")
 
 
+def numba_build(env: dict[str, str]) -> str:
+    """What numba compiles the kernels for under `env` (a describe()'s "env"): "" for this
+    host's CPU, "avx2" for the Haswell build (NUMBA_CPU_NAME=haswell with HASWELL's features:
+    the code AVX2-only CPUs run), else the CPU named."""
+    name = env.get("NUMBA_CPU_NAME", "")
+    if name == "haswell" and env.get("NUMBA_CPU_FEATURES") == HASWELL:
+        return "avx2"
+    return name
+
+
+def numba_target() -> dict[str, str] | None:
+    """What this process's numba compiled the kernels for, as numba read it at import: the CPU
+    name ("host": this machine's) and its numba_build; None where numba is not loaded. A
+    measuring child records it: proof of which code ran, beside the environment it was given."""
+    config = sys.modules.get("numba.core.config")
+    if config is None:
+        return None
+    env = {"NUMBA_CPU_NAME": config.CPU_NAME or "", "NUMBA_CPU_FEATURES": config.CPU_FEATURES or ""}
+    return {"cpu_name": config.CPU_NAME or "host", "build": numba_build(env) or "host"}
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -117,7 +138,8 @@ def machine_tag(info: dict[str, Any]) -> str:
     model = "-".join(w.lower() for w in words[:3]) or info["machine"]
     model = re.sub(r"[^a-z0-9-]+", "", model)
     gb = round(info["ram_bytes"] / 2**30)
-    return f"{model}-{info['cpus_usable']}c-{gb}gb"
+    build = numba_build(info["env"])  # the AVX2 build's files apart from the host's
+    return f"{model}-{info['cpus_usable']}c-{gb}gb" + (f"-{build}" if build else "")
 
 
 def summary_lines(info: dict[str, Any]) -> list[str]:
@@ -127,6 +149,8 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
         f"CPU: {info['cpu_model']}, {info['cpus_usable']} usable cores "
         f"({info['cpu_cores_physical']} physical), RAM {info['ram_bytes'] / 2**30:.1f} GiB "
         f"({info['ram_available_bytes'] / 2**30:.1f} GiB available at start)",
+        "CPU flags: " + (" ".join(info["cpu_flags"]) or "none read")
+        + " (the SIMD ones, which pick the kernels)",
         f"OS: {info['platform']}",
         "versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
     ]
@@ -145,7 +169,14 @@ def summary_lines(info: dict[str, Any]) -> list[str]:
     else:
         lines.append("OPENBLAS_CORETYPE is not set (this environment may set it; OpenBLAS then "
                      "uses that kernel family instead of detecting the CPU)")
-    others = {k: val for k, val in env.items() if k != "OPENBLAS_CORETYPE"}
+    build = numba_build(env)
+    if build:
+        lines.append("numba compiles the kernels for " + (
+            "a Haswell (the AVX2 build: what AVX2-only CPUs run)" if build == "avx2"
+            else f"NUMBA_CPU_NAME={build}") + ", not this CPU")
+    # (the Haswell build's long feature list is said in words above)
+    hidden = ("OPENBLAS_CORETYPE",) + (("NUMBA_CPU_FEATURES",) if build == "avx2" else ())
+    others = {k: val for k, val in env.items() if k not in hidden}
     if others:
         lines.append("kernel and thread environment: "
                      + ", ".join(f"{k}={val}" for k, val in others.items()))

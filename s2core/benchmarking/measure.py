@@ -26,6 +26,7 @@ import numpy as np
 
 from s2core.benchmarking import resident
 from s2core.benchmarking.bandwidth import SumProbe, measure_bandwidth
+from s2core.benchmarking.machine import numba_target
 from s2core.benchmarking.timing import repeat
 
 
@@ -62,6 +63,7 @@ def _runtime_info() -> dict[str, Any]:
         info["torch_interop_threads"] = torch.get_num_interop_threads()
     if "mlx.core" in sys.modules:
         info["mlx_device"] = str(sys.modules["mlx.core"].default_device())
+    info["numba_target"] = numba_target()  # which kernels ran (--avx2)
     return info
 
 
