@@ -307,6 +307,22 @@ def from_memory(name: str, rows_list: list[int], peak_rate: float, copies_n: int
             for rows in rows_list}
 
 
+def gains(from_memory: dict[int, dict]) -> dict[int, dict]:
+    """Per row count, what a product of that many rows gains over one row (a batch's sequences
+    against one sequence): the kernel's, rows x time(1) / time(rows), and the most the floors
+    allow, rows x floor(1) / floor(rows), each floor the larger of the bytes at the read
+    bandwidth and the multiply-adds at the peak. Empty without a one-row measurement."""
+    if 1 not in from_memory:
+        return {}
+
+    def floor(m):
+        return max(m["memory_floor_ms"], m["multiply_floor_ms"])
+
+    one = from_memory[1]
+    return {rows: {"kernel": rows * one["ms"] / m["ms"], "ceiling": rows * floor(one) / floor(m)}
+            for rows, m in from_memory.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,F16")
@@ -333,9 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in names:
         rate = peaks["float" if name == "F16" else "int8"]["all_threads"]
-        results[name] = {
-            "in_cache": in_cache(name, cache_rows, rate),
-            "from_memory": from_memory(name, rows_list, rate, args.copies, args.reps, probe)}
+        streamed = from_memory(name, rows_list, rate, args.copies, args.reps, probe)
+        results[name] = {"in_cache": in_cache(name, cache_rows, rate), "from_memory": streamed,
+                         "gains": gains(streamed)}
     probe.close()
 
     info = machine.describe()
@@ -361,14 +377,17 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"From memory ({SHAPE[0]} x {SHAPE[1]}, {args.copies} copies streamed, "
               f"{args.reps} alternated reps): median ms; the floors (bytes at the read "
               "bandwidth sampled beside, multiply-adds at the peak); the median ratio to the "
-              "larger.", "",
-              "| type | rows | ms | memory floor | multiply floor | over floor |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "larger; the gain over one row, the kernel's and the most the floors allow "
+              "(rows x time of one row / time of the rows: what a batch of that many "
+              "sequences can gain in its products).", "",
+              "| type | rows | ms | memory floor | multiply floor | over floor | gain | "
+              "floors allow |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         for rows in rows_list:
-            m = r["from_memory"][rows]
+            m, g = r["from_memory"][rows], r["gains"].get(rows)
             lines.append(f"| {name} | {rows} | {m['ms']:.3f} | {m['memory_floor_ms']:.3f} | "
-                         f"{m['multiply_floor_ms']:.3f} | {m['over_floor']:.2f}x |")
+                         f"{m['multiply_floor_ms']:.3f} | {m['over_floor']:.2f}x | "
+                         + (f"{g['kernel']:.2f}x | {g['ceiling']:.2f}x |" if g else "- | - |"))
     lines += ["", *machine.summary_lines(info)]
     write_report(args.out, "multiply-peak", isa or "no-int", report, lines)
     return 0

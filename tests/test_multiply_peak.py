@@ -121,3 +121,18 @@ def test_float_spin_keeps_its_multiply_adds_in_the_loop():
     chains = multiply_peak.FLOAT_CHAINS
     assert count >= chains and count % chains == 0, (
         f"{count} fused multiply-adds in the spin's code, not a multiple of its {chains} chains")
+
+
+def test_gains_set_the_kernel_against_what_the_floors_allow():
+    """gains(): a batch's gain in its products, worked out by hand. One row 0.5 ms against a
+    0.4 ms memory floor (multiply 0.05); eight rows 1.6 ms, floors 0.4 and 0.4 (multiply):
+    the kernel gains 8 x 0.5 / 1.6 = 2.5x, the floors allow 8 x 0.4 / 0.4 = 8x; with sixteen
+    rows the multiply floor (0.8) rules: 16 x 0.4 / 0.8 = 8x."""
+    def m(ms, memory, multiply):
+        return {"ms": ms, "memory_floor_ms": memory, "multiply_floor_ms": multiply}
+
+    g = multiply_peak.gains({1: m(0.5, 0.4, 0.05), 8: m(1.6, 0.4, 0.4), 16: m(2.0, 0.4, 0.8)})
+    assert g[1] == {"kernel": 1.0, "ceiling": 1.0}
+    assert g[8]["kernel"] == pytest.approx(2.5) and g[8]["ceiling"] == pytest.approx(8.0)
+    assert g[16]["kernel"] == pytest.approx(4.0) and g[16]["ceiling"] == pytest.approx(8.0)
+    assert multiply_peak.gains({8: m(1.6, 0.4, 0.4)}) == {}  # no one-row baseline
