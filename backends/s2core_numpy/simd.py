@@ -68,16 +68,25 @@ def isa() -> str:
 class Emitter:
     """One ISA's forms of: load a 64-byte group, bit operations on it, and accumulate its dot
     with 4 activation bytes. A group value is a list of vectors (one <64 x i8> on VNNI, two
-    <32 x i8> on AVX2); an accumulator likewise (<16 x i32>, or two <8 x i32>)."""
+    <32 x i8> on AVX2); an accumulator likewise (<16 x i32>, or two <8 x i32>).
 
-    def __init__(self, builder: ir.IRBuilder, kind: str, ahead: int = 0):
+    half (AVX2 only, 0 or 1): the emitter covers that half's 8 output rows alone (its lists
+    hold one vector): a kernel body emitted once per half keeps half the registers live."""
+
+    def __init__(self, builder: ir.IRBuilder, kind: str, ahead: int = 0,
+                 half: int | None = None):
         self.b = builder
         self.kind = kind
         self.ahead = ahead  # bytes ahead of each group read whose line load() asks for
-        self.parts = 1 if kind == "vnni" else 2
-        width = GROUP_BYTES // self.parts
+        whole = 1 if kind == "vnni" else 2
+        assert half is None or (whole == 2 and half in (0, 1)), "halves are AVX2's"
+        #: the register parts of a group this emitter covers (memory offsets follow them);
+        #: its lists hold one vector per part, in this order
+        self.part_indices = range(whole) if half is None else (half,)
+        self.parts = len(self.part_indices)
+        width = GROUP_BYTES // whole
         self.bytes_t = ir.VectorType(_I8, width)
-        self.sums_t = ir.VectorType(_I32, ROWS // self.parts)
+        self.sums_t = ir.VectorType(_I32, ROWS // whole)
         mod = builder.module
         self.words_t = ir.VectorType(_I16, 2 * self.sums_t.count)
         if kind == "vnni":
@@ -122,7 +131,7 @@ class Emitter:
         if self.ahead:
             self.prefetch(base, offset)
         out = []
-        for p in range(self.parts):
+        for p in self.part_indices:
             at = self.b.add(offset, ir.Constant(offset.type, p * self.bytes_t.count))
             ptr = self.b.bitcast(self.b.gep(base, [at]), self.bytes_t.as_pointer())
             out.append(self.b.load(ptr, align=1))
@@ -208,14 +217,14 @@ class Emitter:
         if self.ahead:
             self.prefetch(base, offset)
         return [ext(self.b.load(self._part_ptr(base, offset, _I8, p), align=1), self.sums_t)
-                for p in range(self.parts)]
+                for p in self.part_indices]
 
     def row_byte_vectors(self, base, offset) -> list:
         """The 16 bytes at byte `offset` as byte vectors (bit operations before widening)."""
         if self.ahead:
             self.prefetch(base, offset)
         return [self.b.load(self._part_ptr(base, offset, _I8, p), align=1)
-                for p in range(self.parts)]
+                for p in self.part_indices]
 
     def widen(self, values: list, signed: bool = False) -> list:
         ext = self.b.sext if signed else self.b.zext
@@ -227,7 +236,7 @@ class Emitter:
         if self.ahead:
             self.prefetch(base, offset)
         out = []
-        for p in range(self.parts):
+        for p in self.part_indices:
             at = self.b.add(offset, ir.Constant(offset.type, 2 * p * lanes))
             ptr = self.b.bitcast(self.b.gep(base, [at]),
                                  ir.VectorType(ir.HalfType(), lanes).as_pointer())
@@ -252,9 +261,9 @@ class Emitter:
 
     def add_to_rows(self, base, offset, values: list) -> None:
         """float32 rows at element `offset` of `base` += values."""
-        for p in range(self.parts):
+        for p, value in zip(self.part_indices, values):
             ptr = self._part_ptr(base, offset, ir.FloatType(), p)
-            self.b.store(self.b.fadd(self.b.load(ptr, align=4), values[p]), ptr, align=4)
+            self.b.store(self.b.fadd(self.b.load(ptr, align=4), value), ptr, align=4)
 
 
 def _const(value: int) -> ir.Constant:
@@ -284,7 +293,15 @@ PREFETCH_LOCALITY = 2
 BLOCK_ROWS = {"vnni": 4, "avx2": 4, "": 1}
 
 
-def _make(body, n_rows: int, ahead: int, form: str | None = None):
+def memory_barrier(builder: ir.IRBuilder) -> None:
+    """An empty asm statement that may touch memory: LLVM then cannot reuse a load from before
+    it after it (each half of a halves kernel reads its activation bytes itself, instead of
+    keeping the first half's in registers through the second)."""
+    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", side_effect=True)
+    builder.call(asm, [])
+
+
+def _make(body, n_rows: int, ahead: int, form: str | None = None, halves: bool = False):
     """An intrinsic (codes, at, x, x_at, x_step, xd, xd_at, xd_step, xs, xs_at, xs_step, out,
     out_at) -> None that adds `n_rows` activation rows' products with one tile-block
     (int_dots.py) to 16 float32 outputs each: codes uint8 (the tile-block at byte `at`), x int8
@@ -315,7 +332,14 @@ def _make(body, n_rows: int, ahead: int, form: str | None = None):
                 rows.append([builder.add(int64(3), step[0]), builder.add(int64(6), step[1]),
                              builder.add(int64(9), step[2]),
                              builder.add(int64(12), _const(r * ROWS))])
-            body(Emitter(builder, form or isa(), ahead), ptrs, int64(1), rows)
+            if halves:  # each half's 8 rows in turn; the first half's reads ask ahead
+                for half in (0, 1):
+                    if half:
+                        memory_barrier(builder)
+                    body(Emitter(builder, form or isa(), ahead if half == 0 else 0, half),
+                         ptrs, int64(1), rows)
+            else:
+                body(Emitter(builder, form or isa(), ahead), ptrs, int64(1), rows)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -516,10 +540,29 @@ def _q6_k(e: Emitter, ptrs, at, rows) -> None:
 TILE_BLOCK_BYTES = {"q8_0": ROWS * 8 * 34, "q4_k": ROWS * 144, "q6_k": ROWS * 210}
 #: bytes ahead of each read that the kernels of a type ask for
 AHEAD = {name: TILE_BLOCK_BYTES[name] * PREFETCH_BLOCKS for name in TILE_BLOCK_BYTES}
+
+
+def halves(n_rows: int) -> bool:
+    """Whether the kernel for `n_rows` activation rows emits its body once per half of the 16
+    output rows (Emitter's half; memory_barrier between): on AVX2, for a block of rows. With
+    the halves side by side, a block of four Q4_K rows keeps eight accumulators and both
+    halves' weights and scales live in AVX2's 16 registers, and LLVM spilled about 490 vector
+    moves a tile-block to the stack; by halves, 76. Measured on a Zen 4 running the Haswell
+    build, the two alternated in one process (benchmarks/avx2_halves.py, two runs), time by
+    halves over time side by side, 9728 x 2560 from memory, 1 / 4 / 8 rows: Q4_K 1.24, 0.99 /
+    0.88, 0.74 / 0.90, 0.73; Q6_K 0.95, 1.03 / 0.93, 1.02 / 0.87, 0.86; Q8_0 1.00, 0.97 /
+    1.05, 1.04 / 0.95, 0.93 (four Q6_K or Q8_0 rows are four one-row calls on a Zen:
+    LONE_BLOCK). A single row, which spills little, stays side by side."""
+    return isa() == "avx2" and n_rows > 1
+
+
 #: per type, the kernel for one row and for BLOCK_ROWS[isa()] rows
-q8_0_block, q8_0_blocks = (_make(_q8_0, n, AHEAD["q8_0"]) for n in (1, BLOCK_ROWS[isa()]))
-q4_k_block, q4_k_blocks = (_make(_q4_k, n, AHEAD["q4_k"]) for n in (1, BLOCK_ROWS[isa()]))
-q6_k_block, q6_k_blocks = (_make(_q6_k, n, AHEAD["q6_k"]) for n in (1, BLOCK_ROWS[isa()]))
+q8_0_block, q8_0_blocks = (_make(_q8_0, n, AHEAD["q8_0"], halves=halves(n))
+                           for n in (1, BLOCK_ROWS[isa()]))
+q4_k_block, q4_k_blocks = (_make(_q4_k, n, AHEAD["q4_k"], halves=halves(n))
+                           for n in (1, BLOCK_ROWS[isa()]))
+q6_k_block, q6_k_blocks = (_make(_q6_k, n, AHEAD["q6_k"], halves=halves(n))
+                           for n in (1, BLOCK_ROWS[isa()]))
 
 #: what signed weight codes are stored xor, by ISA (signed_dot)
 SIGNED_FLIP = {"vnni": 128, "avx2": 0, "": 0}
