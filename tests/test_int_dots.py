@@ -74,7 +74,8 @@ def test_products_are_ggmls_and_batched_rows_equal_single_rows(qtype):
 @needs_integer_kernels
 def test_avx2_code_equals_this_cpus_code():
     """The other ISA's kernels, compiled in a subprocess for a Haswell, give the same bits
-    (the integer sums are exact; the float steps are the same operations in the same order)."""
+    (the integer sums are exact; the float steps are the same operations in the same order):
+    single rows, and blocks of rows, which AVX2 emits by halves of the output rows."""
     script = (
         "import json, sys, numpy as np, gguf\n"
         "from s2core_numpy import int_dots, simd\n"
@@ -82,6 +83,7 @@ def test_avx2_code_equals_this_cpus_code():
         "for name, raw, x in np.load(sys.argv[1], allow_pickle=True)['cases']:\n"
         "    m = int_dots.IntDotMatrix.from_raw(raw, gguf.GGMLQuantizationType[name])\n"
         "    out[name] = m(x).tobytes().hex()\n"
+        "    out[name + '/block'] = m(x[:simd.BLOCK]).tobytes().hex()\n"
         "print(json.dumps(out))\n")
     cases = []
     rng = np.random.default_rng(4)
@@ -104,8 +106,12 @@ def test_avx2_code_equals_this_cpus_code():
     other = json.loads(done.stdout.strip().splitlines()[-1])
     assert other["isa"] == "avx2"
     for name, raw, x in cases:
-        mine = int_dots.IntDotMatrix.from_raw(raw, QT[name])(x).tobytes().hex()
-        assert other[name] == mine, f"{name}: AVX2 ({other['isa']}) and {simd.isa()} differ"
+        m = int_dots.IntDotMatrix.from_raw(raw, QT[name])
+        assert other[name] == m(x).tobytes().hex(), \
+            f"{name}: AVX2 ({other['isa']}) and {simd.isa()} differ"
+        # exactly a block of rows: AVX2 takes its block kernel (by halves) for every type
+        assert other[name + "/block"] == m(x[:simd.BLOCK]).tobytes().hex(), \
+            f"{name}, {simd.BLOCK} rows: AVX2 ({other['isa']}) and {simd.isa()} differ"
 
 
 def test_isa_reads_the_features_numba_compiles_for():

@@ -548,11 +548,12 @@ def halves(n_rows: int) -> bool:
     the halves side by side, a block of four Q4_K rows keeps eight accumulators and both
     halves' weights and scales live in AVX2's 16 registers, and LLVM spilled about 490 vector
     moves a tile-block to the stack; by halves, 76. Measured on a Zen 4 running the Haswell
-    build, the two alternated in one process (benchmarks/avx2_halves.py, two runs), time by
-    halves over time side by side, 9728 x 2560 from memory, 1 / 4 / 8 rows: Q4_K 1.24, 0.99 /
-    0.88, 0.74 / 0.90, 0.73; Q6_K 0.95, 1.03 / 0.93, 1.02 / 0.87, 0.86; Q8_0 1.00, 0.97 /
-    1.05, 1.04 / 0.95, 0.93 (four Q6_K or Q8_0 rows are four one-row calls on a Zen:
-    LONE_BLOCK). A single row, which spills little, stays side by side."""
+    build, the two alternated in one process (benchmarks/avx2_halves.py), time by halves over
+    time side by side, 9728 x 2560 from memory, 1 / 4 / 8 rows, two runs
+    (`avx2-halves-20261207-0544-...`, `-0557-...`): Q4_K 0.99, 1.10 / 0.74, 0.94 / 0.73,
+    0.90; Q6_K 1.03, 1.11 / 1.02, 0.92 / 0.86, 0.90; Q8_0 0.97, 1.18 / 1.04, 0.78 / 0.93,
+    1.00 (in the first, four Q6_K or Q8_0 rows still went as four one-row calls:
+    lone_block). A single row, which spills little, stays side by side."""
     return isa() == "avx2" and n_rows > 1
 
 
@@ -589,14 +590,17 @@ def host_cpu() -> str:
 
 def lone_block(kind: int) -> bool:
     """Whether a chunk of exactly BLOCK rows of weight type `kind` takes the BLOCK-row
-    kernel: not for Q8_0 and Q6_K on AMD's Zen. There each 256 inputs' call then follows the
-    previous one on the same accumulators, and streaming products ran slower than one row a
-    call (benchmarks/int_block_rows.py, alternated; Zen 5 prefetching into L1: VNNI Q8_0
-    1.89x, Q4_K 1.75x, Q6_K 2.96x, the AVX2 build 1.46x, 1.03x, 1.37x; Zen 4 into L2: Q8_0
-    1.10-1.45x, Q6_K 1.01-1.40x), while 6 and 8 rows, where another call comes between,
-    gained 0.68-1.00x from the block. Q4_K into L2 gained there too (0.83-1.01x in six
-    runs over two sessions), so it takes the block everywhere."""
-    return kind == Q4_K_KIND or not host_cpu().startswith("znver")
+    kernel: not for Q8_0 and Q6_K in VNNI's instructions on AMD's Zen. There each 256 inputs'
+    call then follows the previous one on the same accumulators, and streaming products ran
+    slower than one row a call (benchmarks/int_block_rows.py, alternated; Zen 5 prefetching
+    into L1: VNNI Q8_0 1.89x, Q4_K 1.75x, Q6_K 2.96x, the AVX2 build then 1.46x, 1.03x,
+    1.37x; Zen 4 into L2: Q8_0 1.10-1.45x, Q6_K 1.01-1.40x), while 6 and 8 rows, where
+    another call comes between, gained 0.68-1.00x from the block. Q4_K into L2 gained there
+    too (0.83-1.01x in six runs over two sessions), so it takes the block everywhere, and so
+    does every type in the AVX2 build since its blocks go by halves (`halves`): on the Zen 4
+    in three runs, Q8_0 0.88, 0.84, 0.83, Q4_K 0.78, 0.92, Q6_K 0.95, 0.60, 1.04 (eight
+    rows, the control, 0.94-1.04; `int-block-rows-20261207-0554-avx2`, `-0556-avx2`)."""
+    return kind == Q4_K_KIND or isa() == "avx2" or not host_cpu().startswith("znver")
 
 
 #: per weight type (Q8_0_KIND ..), lone_block's answer on this CPU
