@@ -3,7 +3,7 @@
 the server), against another revision.
 
     python benchmarks/batch_ab.py --against REV [--types q4_k_m] [--sizes 1,4,8] [--runs 2]
-                                  [--backend numpy] [--layers 4]
+                                  [--backend numpy] [--layers 4] [--frames 4] [--rounds 3]
 
 Runs `s2core bench --case batch` (s2core/benchmarking/batch.py says what it times) from this
 tree and from REV checked out beside it (ab.py), alternately, each in a fresh process; then
@@ -36,7 +36,8 @@ def run_bench(tree: Path, args: argparse.Namespace, out: Path) -> dict:
     """One `s2core bench --case batch` run of `tree`; its JSON report."""
     subprocess.run([sys.executable, "-m", "s2core.cli.main", "bench", "--case", "batch",
                     "--types", args.types, "--backends", args.backend, "--sizes", args.sizes,
-                    "--layers", str(args.layers), "--out", str(out)],
+                    "--layers", str(args.layers), "--frames", str(args.frames), "--rounds",
+                    str(args.rounds), "--out", str(out)],
                    env=tree_env(tree), cwd=tree, check=True, stdout=subprocess.DEVNULL)
     (report,) = out.glob("batch-*.json")
     return json.loads(report.read_text())
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="numpy")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--frames", type=int, default=4,
+                    help="timed frames of every request per size and round (the bench's 4)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds over the sizes in each run (the bench's 3)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
 
@@ -81,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
               "against": other, "args": vars(args), "reports": reports}
     lines = [f"# Batch case: this tree against {other}", "",
              f"`s2core bench --case batch --types {args.types} --backends {args.backend} "
-             f"--sizes {args.sizes} --layers {args.layers}`, {args.runs} alternated runs "
+             f"--sizes {args.sizes} --layers {args.layers} --frames {args.frames} --rounds "
+             f"{args.rounds}`, {args.runs} alternated runs "
              f"of each tree ({names[0]} first in odd runs, second in even ones), each a fresh "
              "process. A cell: frames/s (against one sequence in the same run), step ms / "
              "Fast-AR ms a frame.", "",
