@@ -22,6 +22,7 @@ numbers up to float32 summation order (act_quant.ActivationRounded).
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 
 import numpy as np
@@ -488,10 +489,54 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
                                         e.op("fmul", dmin, e.to_float(sum_mins[r]))))
 
 
-def _q6_k(e: Emitter, ptrs, at, rows) -> None:
-    codes, x, xd, xs, out = ptrs
+def _q6_k_group(e: Emitter, codes, at, half: int, run: int, g: int) -> list:
+    """Group g of run `run` (0, 1: ql; 2: qh) of half `half` of a Q6_K tile-block."""
+    return e.load(codes, e.b.add(at, _const(
+        Q6_K_HEADER + q6_k_group.py_func(half, run, g) * GROUP_BYTES)))
+
+
+def _q6_k_codes(e: Emitter, ql: list, qh: list, k: int) -> list:
+    """The unsigned 6-bit codes of a group's sub-block k (0..3 within its quarter): ql's low
+    (k < 2) or high nibble, qh's bits 2k and 2k + 1 above them (ql is run k % 2's group)."""
+    nibble = (e.op("and_", ql, e.bytes_splat(15)) if k < 2
+              else e.op("lshr", ql, e.bytes_splat(4)))
+    bits = e.op("lshr", qh, e.bytes_splat(2 * k)) if k else qh
+    if k != 3:
+        bits = e.op("and_", bits, e.bytes_splat(3))
+    return e.op("or_", nibble, e.op("shl", bits, e.bytes_splat(4)))
+
+
+def _q6_k_x(e: Emitter, x, row, half: int, k: int, g: int) -> list:
+    """The activation word of a row that sub-block k's group g meets."""
+    return e.broadcast(x, e.b.add(row[0], _const(128 * half + 32 * k + 4 * g)))
+
+
+def _q6_k_scaled(e: Emitter, ptrs, at, rows, totals: list, sums: list, s: int) -> list:
+    """totals + sub-block s's scale x (its dots less 32 x its activations' sum), per row."""
+    codes, xs = ptrs[0], ptrs[3]
     b = e.b
-    low_mask, two = e.bytes_splat(15), e.bytes_splat(3)
+    sc = e.row_bytes(codes, b.add(at, _const(16 * s)), signed=True)
+    out = []
+    for total, acc, (_, _, xs_at, _) in zip(totals, sums, rows):
+        x_sum = b.shl(e.scalar(xs, b.add(xs_at, _const(s))), ir.Constant(_I32, 5))
+        out.append(e.op("add", total, e.op("mul", sc, e.op("sub", acc, e.splat(x_sum)))))
+    return out
+
+
+def _q6_k_finish(e: Emitter, ptrs, at, rows, totals: list) -> None:
+    """The float step: out += (d_w * d_x) * float(total), per row."""
+    codes, xd, out = ptrs[0], ptrs[2], ptrs[4]
+    d_w = e.row_halves(codes, e.b.add(at, _const(256)))
+    for total, (_, xd_at, _, out_at) in zip(totals, rows):
+        d = e.op("fmul", d_w, e.splat(e.scalar(xd, xd_at)))
+        e.add_to_rows(out, out_at, e.op("fmul", d, e.to_float(total)))
+
+
+def _q6_k(e: Emitter, ptrs, at, rows) -> None:
+    """Q6_K by quarters: each group's three runs loaded once give the codes of four
+    sub-blocks, whose sums run side by side (four accumulators a row): the single row's
+    form."""
+    codes, x = ptrs[0], ptrs[1]
     n = len(rows)
     totals = [e.zero() for _ in rows]
     for half in range(2):
@@ -500,40 +545,47 @@ def _q6_k(e: Emitter, ptrs, at, rows) -> None:
             for g in range(4 * quarter, 4 * quarter + 4, 2):
                 pairs = [[[] for _ in range(4)] for _ in rows]
                 for gg in (g, g + 1):
-                    ql0, ql1, qh = (
-                        e.load(codes, b.add(at, _const(
-                            Q6_K_HEADER + q6_k_group.py_func(half, run, gg) * GROUP_BYTES)))
-                        for run in range(3))
-
-                    def high_bits(shift):
-                        bits = e.op("lshr", qh, e.bytes_splat(shift)) if shift else qh
-                        if shift != 6:
-                            bits = e.op("and_", bits, two)
-                        return e.op("shl", bits, e.bytes_splat(4))
-
-                    values = [e.op("or_", e.op("and_", ql0, low_mask), high_bits(0)),
-                              e.op("or_", e.op("and_", ql1, low_mask), high_bits(2)),
-                              e.op("or_", e.op("lshr", ql0, e.bytes_splat(4)), high_bits(4)),
-                              e.op("or_", e.op("lshr", ql1, e.bytes_splat(4)), high_bits(6))]
-                    for r in range(n):
-                        for k, v in enumerate(values):
-                            xk = e.broadcast(x, b.add(rows[r][0],
-                                                      _const(128 * half + 32 * k + 4 * gg)))
-                            pairs[r][k].append((v, xk))
+                    ql0, ql1, qh = (_q6_k_group(e, codes, at, half, run, gg) for run in range(3))
+                    for k in range(4):
+                        value = _q6_k_codes(e, ql1 if k % 2 else ql0, qh, k)
+                        for r in range(n):
+                            pairs[r][k].append((value, _q6_k_x(e, x, rows[r], half, k, gg)))
                 for r in range(n):
                     acc[r] = [e.dot(acc[r][k], pairs[r][k]) for k in range(4)]
             for k in range(4):
-                s = 8 * half + 2 * k + quarter
-                sc = e.row_bytes(codes, b.add(at, _const(16 * s)), signed=True)
-                for r in range(n):
-                    x_sum = b.shl(e.scalar(xs, b.add(rows[r][2], _const(s))),
-                                  ir.Constant(_I32, 5))
-                    totals[r] = e.op("add", totals[r],
-                                     e.op("mul", sc, e.op("sub", acc[r][k], e.splat(x_sum))))
-    d_w = e.row_halves(codes, b.add(at, _const(256)))
-    for r, (_, xd_at, _, out_at) in enumerate(rows):
-        d = e.op("fmul", d_w, e.splat(e.scalar(xd, xd_at)))
-        e.add_to_rows(out, out_at, e.op("fmul", d, e.to_float(totals[r])))
+                totals = _q6_k_scaled(e, ptrs, at, rows, totals, [a[k] for a in acc],
+                                      8 * half + 2 * k + quarter)
+    _q6_k_finish(e, ptrs, at, rows, totals)
+
+
+def _q6_k_by_sub_block(e: Emitter, ptrs, at, rows) -> None:
+    """Q6_K one sub-block at a time, every row's dots of it, then its scale: one accumulator
+    a row, where four a row (_q6_k) with several rows ran out of registers (a block of four
+    VNNI rows spilled 155 vector moves a tile-block). Each sub-block loads its groups again
+    (from L1), a memory barrier between so that LLVM does not keep them; the first two
+    sub-blocks' reads cover all three runs and ask ahead. The form of a block of rows."""
+    codes, x = ptrs[0], ptrs[1]
+    reload = copy.copy(e)
+    reload.ahead = 0
+    totals = [e.zero() for _ in rows]
+    for half in range(2):
+        for quarter in range(2):
+            for k in range(4):  # sub-block 8 half + 2k + quarter
+                if half or quarter or k:
+                    memory_barrier(e.b)
+                reader = e if k < 2 else reload
+                acc = [e.zero() for _ in rows]
+                for g in range(4 * quarter, 4 * quarter + 4, 2):
+                    pairs = [[] for _ in rows]
+                    for gg in (g, g + 1):
+                        ql = _q6_k_group(reader, codes, at, half, k % 2, gg)
+                        qh = _q6_k_group(reader, codes, at, half, 2, gg)
+                        value = _q6_k_codes(e, ql, qh, k)
+                        for r, row in enumerate(rows):
+                            pairs[r].append((value, _q6_k_x(e, x, row, half, k, gg)))
+                    acc = [e.dot(a, p) for a, p in zip(acc, pairs)]
+                totals = _q6_k_scaled(e, ptrs, at, rows, totals, acc, 8 * half + 2 * k + quarter)
+    _q6_k_finish(e, ptrs, at, rows, totals)
 
 
 #: tile-block bytes per type (16 rows x the file's bytes per 256 inputs)
@@ -562,8 +614,8 @@ q8_0_block, q8_0_blocks = (_make(_q8_0, n, AHEAD["q8_0"], halves=halves(n))
                            for n in (1, BLOCK_ROWS[isa()]))
 q4_k_block, q4_k_blocks = (_make(_q4_k, n, AHEAD["q4_k"], halves=halves(n))
                            for n in (1, BLOCK_ROWS[isa()]))
-q6_k_block, q6_k_blocks = (_make(_q6_k, n, AHEAD["q6_k"], halves=halves(n))
-                           for n in (1, BLOCK_ROWS[isa()]))
+q6_k_block, q6_k_blocks = (_make(body, n, AHEAD["q6_k"], halves=halves(n))
+                           for body, n in ((_q6_k, 1), (_q6_k_by_sub_block, BLOCK_ROWS[isa()])))
 
 #: what signed weight codes are stored xor, by ISA (signed_dot)
 SIGNED_FLIP = {"vnni": 128, "avx2": 0, "": 0}
@@ -590,17 +642,19 @@ def host_cpu() -> str:
 
 def lone_block(kind: int) -> bool:
     """Whether a chunk of exactly BLOCK rows of weight type `kind` takes the BLOCK-row
-    kernel: not for Q8_0 and Q6_K in VNNI's instructions on AMD's Zen. There each 256 inputs'
-    call then follows the previous one on the same accumulators, and streaming products ran
+    kernel: not for Q8_0 in VNNI's instructions on AMD's Zen. There each 256 inputs' call
+    then follows the previous one on the same accumulators, and streaming products ran
     slower than one row a call (benchmarks/int_block_rows.py, alternated; Zen 5 prefetching
     into L1: VNNI Q8_0 1.89x, Q4_K 1.75x, Q6_K 2.96x, the AVX2 build then 1.46x, 1.03x,
     1.37x; Zen 4 into L2: Q8_0 1.10-1.45x, Q6_K 1.01-1.40x), while 6 and 8 rows, where
     another call comes between, gained 0.68-1.00x from the block. Q4_K into L2 gained there
-    too (0.83-1.01x in six runs over two sessions), so it takes the block everywhere, and so
-    does every type in the AVX2 build since its blocks go by halves (`halves`): on the Zen 4
-    in three runs, Q8_0 0.88, 0.84, 0.83, Q4_K 0.78, 0.92, Q6_K 0.95, 0.60, 1.04 (eight
-    rows, the control, 0.94-1.04; `int-block-rows-20261207-0554-avx2`, `-0556-avx2`)."""
-    return kind == Q4_K_KIND or isa() == "avx2" or not host_cpu().startswith("znver")
+    too (0.83-1.01x in six runs over two sessions), so it takes the block everywhere; so does
+    Q6_K since its block goes by sub-block (_q6_k_by_sub_block: exactly four rows from memory
+    on the Zen 4, 0.75x one row a call, benchmarks/q6_k_block.py), and every type in the
+    AVX2 build since its blocks go by halves (`halves`): on the Zen 4 in three runs, Q8_0
+    0.88, 0.84, 0.83, Q4_K 0.78, 0.92, Q6_K 0.95, 0.60, 1.04 (eight rows, the control,
+    0.94-1.04; `int-block-rows-20261207-0554-avx2`, `-0556-avx2`)."""
+    return kind != Q8_0_KIND or isa() == "avx2" or not host_cpu().startswith("znver")
 
 
 #: per weight type (Q8_0_KIND ..), lone_block's answer on this CPU
