@@ -19,7 +19,7 @@ side and once with every kernel by halves; the two give the same bits (checked h
 tests/test_int_dots.py) and run in turn, the order reversed every other repetition: the
 median time of each and halves / side by side. Needs numba's AVX2 target (an AVX2-only CPU,
 or the variables above on an AVX-512 one). Writes benchmarks/results/avx2-halves-<date>-
-<time>.json and .md with the CPU model and flags.
+<time>-<machine tag>.json and .md with the CPU model and flags.
 """
 
 from __future__ import annotations
