@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""What a batched step's integer products cost inside the server, by shape, against one
+sequence's: the sizes alternated in one process.
+
+    python benchmarks/batch_products.py [--type q4_k_m] [--sizes 1,4] [--rounds 4] [--frames 12]
+
+The batch case (s2core bench --case batch) gives frames per second; this says where a size's
+extra time goes. One NumPy model of `--type` (4 S2 Pro layers, the bench's file) serves
+`--sizes` concurrent requests through s2core.serving.Server, as the batch case does (64-
+position prompts, `--frames` timed frames after the admitting step), the sizes in turn,
+their order reversed every other round. Every integer product (int_dots.IntDotMatrix) is
+timed by (weight type, shape, rows); per size, the median over rounds of each shape's mean
+time a call, and of the step's wall time. Ratios are to the first size. Writes
+benchmarks/results/batch-products-<date>-<time>-<machine tag>.json and .md with the CPU
+model and flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime as dt
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import numpy as np  # noqa: E402
+from ab import write_report  # noqa: E402
+
+from s2core.benchmarking import machine  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--type", default="q4_k_m")
+    ap.add_argument("--sizes", default="1,4")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--frames", type=int, default=12)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    import s2core
+    from s2core.benchmarking.config import BenchConfig
+    from s2core.benchmarking.models import prepare_model
+    from s2core.generation.loop import QWEN_IM_END_ID, GenerationConfig
+    from s2core.kit.prompts import mixed_prompt
+    from s2core.serving import Server
+    from s2core_numpy import int_dots
+
+    cfg = BenchConfig()
+    account = prepare_model(cfg.hparams(), args.type, cfg.seed, 1, None)
+    model = s2core.load(str(account.path), backend="numpy")
+    hp = model.hparams
+    im_end = QWEN_IM_END_ID if QWEN_IM_END_ID < hp.vocab_size else hp.semantic_begin_id - 1
+    config = dict(max_new_tokens=args.frames + 1, min_tokens_before_end=args.frames + 1,
+                  im_end_id=im_end)
+    rng = np.random.default_rng(0)
+    prompts = [mixed_prompt(hp, 64, rng) for _ in range(max(sizes))]
+
+    spent: dict = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    product = int_dots.IntDotMatrix.__call__
+
+    def timed(matrix, x):
+        t = time.perf_counter()
+        out = product(matrix, x)
+        key = (matrix.qtype.name, matrix.shape)
+        spent[key] += time.perf_counter() - t
+        calls[key] += 1
+        return out
+
+    def serve(b: int) -> float:
+        with Server(model, max_sequences=b) as server:
+            for i in range(b):
+                server.submit(prompts[i], GenerationConfig(seed=i, **config))
+            server.step()  # admission: prefills and first frames, not timed
+            spent.clear()
+            calls.clear()
+            t0 = time.perf_counter()
+            server.run()
+            return (time.perf_counter() - t0) / args.frames
+
+    int_dots.IntDotMatrix.__call__ = timed
+    try:
+        for b in sizes:  # warm-up: compilation, first touches
+            serve(b)
+        per_call: dict = collections.defaultdict(list)
+        steps: dict = collections.defaultdict(list)
+        for k in range(args.rounds):
+            for b in sizes if k % 2 == 0 else sizes[::-1]:
+                steps[b].append(serve(b))
+                for key, seconds in spent.items():
+                    per_call[key + (b,)].append(seconds / calls[key])
+    finally:
+        int_dots.IntDotMatrix.__call__ = product
+        model.close()
+
+    first = sizes[0]
+    shapes = sorted({key[:2] for key in per_call})
+    rows = []
+    for qtype, shape in shapes:
+        ms = {b: statistics.median(per_call[(qtype, shape, b)]) * 1e3 for b in sizes}
+        rows.append({"type": qtype, "shape": list(shape), "ms_per_call": ms,
+                     "over_first": {b: ms[b] / ms[first] for b in sizes}})
+    step_ms = {b: statistics.median(steps[b]) * 1e3 for b in sizes}
+    gains = {b: b * step_ms[first] / (first * step_ms[b]) for b in sizes}
+
+    info = machine.describe()
+    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
+              "products": rows, "step_ms": step_ms, "frames_gain": gains, "machine": info,
+              "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags()}
+    lines = [f"Integer products inside the server ({args.type}, 4 layers, NumPy): median over "
+             f"{args.rounds} alternated rounds of each shape's mean time a call (ms), and its "
+             f"ratio to {first} sequence(s).", "",
+             "| type | shape | " + " | ".join(f"{b} seq. ms" for b in sizes) + " | "
+             + " | ".join(f"{b} / {first}" for b in sizes[1:]) + " |",
+             "|---|---|" + "---:|" * (2 * len(sizes) - 1)]
+    for r in rows:
+        lines.append(f"| {r['type']} | {r['shape'][0]} x {r['shape'][1]} | "
+                     + " | ".join(f"{r['ms_per_call'][b]:.3f}" for b in sizes) + " | "
+                     + " | ".join(f"{r['over_first'][b]:.2f}" for b in sizes[1:]) + " |")
+    lines += ["", "Step (one frame for every sequence): " + ", ".join(
+        f"{b} sequence(s) {step_ms[b]:.1f} ms (frames {gains[b]:.2f}x)" for b in sizes) + ".",
+        "", *machine.summary_lines(info)]
+    write_report(args.out, "batch-products", machine.machine_tag(info), report, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
