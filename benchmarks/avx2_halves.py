@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The AVX2 integer kernels emitted by halves of the 16 output rows, against the two halves
-side by side, alternated in one process: what simd.halves decides by.
+"""The AVX2 integer kernels by halves of their 16 output rows against side by side.
+
+The two forms alternated in one process: what simd.halves decides by.
 
     NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=<machine.HASWELL> \
         python benchmarks/avx2_halves.py [--types Q4_K,Q6_K,Q8_0] [--rows 1,4,8] [--reps 9]
@@ -36,7 +37,8 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
 
 import numpy as np  # noqa: E402
 from ab import write_report  # noqa: E402
-from kernel_rows import alternated_ms, kernel_args, packed_copies, products_over  # noqa: E402
+from kernel_rows import (add_streaming_options, alternated_ms, kernel_args,  # noqa: E402
+                         packed_copies, products_over)
 
 from s2core.benchmarking import machine  # noqa: E402
 
@@ -60,10 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0")
     ap.add_argument("--rows", default="1,4,8")
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--copies", type=int, default=24,
-                    help="copies of the 9728 x 2560 matrix streamed (their sum must pass L3)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    add_streaming_options(ap, ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
 
     from s2core_numpy import simd

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""What a batched step's integer products cost inside the server, by shape, against one
-sequence's: the sizes alternated in one process.
+"""A batched step's integer products inside the server, by shape, against one sequence's.
+
+The sizes alternated in one process.
 
     python benchmarks/batch_products.py [--type q4_k_m] [--sizes 1,4] [--rounds 4] [--frames 12]
 

@@ -21,6 +21,15 @@ from s2core.kit.blocks import random_blocks
 SHAPE = (9728, 2560)
 
 
+def add_streaming_options(parser, results_dir, reps: int = 9) -> None:
+    """The options of a script that alternates kernels over copies of the matrix: --reps,
+    --copies and --out (default `results_dir`)."""
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--copies", type=int, default=24,
+                        help="copies of the 9728 x 2560 matrix streamed (their sum must pass L3)")
+    parser.add_argument("--out", default=str(results_dir))
+
+
 def packed_copies(name: str, copies: int, shape: tuple[int, int] = SHAPE) -> list:
     """`copies` IntDotMatrix of one matrix of type `name` ("Q8_0", "Q4_K", "Q6_K")."""
     from s2core_numpy.int_dots import IntDotMatrix

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""Q6_K products of several activation rows three ways, alternated in one process: the block
-kernel by quarters (simd._q6_k: four sub-blocks' sums side by side), the block kernel by
-sub-block (simd._q6_k_by_sub_block, what blocks take), and one row a call.
+"""Q6_K products of several rows: block kernels by sub-block and by quarters, one row a call.
+
+Alternated in one process: the block kernel by quarters (simd._q6_k: four sub-blocks' sums
+side by side), the block kernel by sub-block (simd._q6_k_by_sub_block, what blocks take),
+and one row a call.
 
     python benchmarks/q6_k_block.py [--rows 4,8] [--reps 9]
     NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=... python benchmarks/q6_k_block.py   # AVX2 build
@@ -33,7 +35,8 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
 
 import numpy as np  # noqa: E402
 from ab import write_report  # noqa: E402
-from kernel_rows import alternated_ms, kernel_args, packed_copies, products_over  # noqa: E402
+from kernel_rows import (add_streaming_options, alternated_ms, kernel_args,  # noqa: E402
+                         packed_copies, products_over)
 
 from s2core.benchmarking import machine  # noqa: E402
 
@@ -50,10 +53,7 @@ def with_block(body):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="4,8")
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--copies", type=int, default=24,
-                    help="copies of the 9728 x 2560 matrix streamed (their sum must pass L3)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    add_streaming_options(ap, ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
 
     from s2core_numpy import simd
