@@ -31,8 +31,8 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-import numpy as np  # noqa: E402
 from ab import write_report  # noqa: E402
+from served_frames import ServedFrames  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 
@@ -47,23 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
-    import s2core
-    from s2core.benchmarking.config import BenchConfig
-    from s2core.benchmarking.models import prepare_model
-    from s2core.generation.loop import QWEN_IM_END_ID, GenerationConfig
-    from s2core.kit.prompts import mixed_prompt
-    from s2core.serving import Server
     from s2core_numpy import int_dots
 
-    cfg = BenchConfig()
-    account = prepare_model(cfg.hparams(), args.type, cfg.seed, 1, None)
-    model = s2core.load(str(account.path), backend="numpy")
-    hp = model.hparams
-    im_end = QWEN_IM_END_ID if QWEN_IM_END_ID < hp.vocab_size else hp.semantic_begin_id - 1
-    config = dict(max_new_tokens=args.frames + 1, min_tokens_before_end=args.frames + 1,
-                  im_end_id=im_end)
-    rng = np.random.default_rng(0)
-    prompts = [mixed_prompt(hp, 64, rng) for _ in range(max(sizes))]
+    served = ServedFrames(args.type, args.frames, max(sizes))
 
     spent: dict = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
@@ -77,38 +63,39 @@ def main(argv: list[str] | None = None) -> int:
         calls[key] += 1
         return out
 
+    def clear() -> None:
+        spent.clear()
+        calls.clear()
+
     def serve(b: int) -> float:
-        with Server(model, max_sequences=b) as server:
-            for i in range(b):
-                server.submit(prompts[i], GenerationConfig(seed=i, **config))
-            server.step()  # admission: prefills and first frames, not timed
-            spent.clear()
-            calls.clear()
-            t0 = time.perf_counter()
-            server.run()
-            return (time.perf_counter() - t0) / args.frames
+        return served.seconds_per_frame(b, clear)
 
     int_dots.IntDotMatrix.__call__ = timed
     try:
         for b in sizes:  # warm-up: compilation, first touches
             serve(b)
         per_call: dict = collections.defaultdict(list)
+        per_frame: dict = {}  # calls a frame, by (type, shape, size)
         steps: dict = collections.defaultdict(list)
         for k in range(args.rounds):
             for b in sizes if k % 2 == 0 else sizes[::-1]:
                 steps[b].append(serve(b))
                 for key, seconds in spent.items():
                     per_call[key + (b,)].append(seconds / calls[key])
+                    per_frame[key + (b,)] = calls[key] / args.frames
     finally:
         int_dots.IntDotMatrix.__call__ = product
-        model.close()
+        served.close()
 
     first = sizes[0]
     shapes = sorted({key[:2] for key in per_call})
     rows = []
     for qtype, shape in shapes:
         ms = {b: statistics.median(per_call[(qtype, shape, b)]) * 1e3 for b in sizes}
+        frame_ms = {b: ms[b] * per_frame[(qtype, shape, b)] for b in sizes}
         rows.append({"type": qtype, "shape": list(shape), "ms_per_call": ms,
+                     "calls_per_frame": {b: per_frame[(qtype, shape, b)] for b in sizes},
+                     "ms_per_frame": frame_ms,
                      "over_first": {b: ms[b] / ms[first] for b in sizes}})
     step_ms = {b: statistics.median(steps[b]) * 1e3 for b in sizes}
     gains = {b: b * step_ms[first] / (first * step_ms[b]) for b in sizes}
@@ -118,15 +105,18 @@ def main(argv: list[str] | None = None) -> int:
               "products": rows, "step_ms": step_ms, "frames_gain": gains, "machine": info,
               "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags()}
     lines = [f"Integer products inside the server ({args.type}, 4 layers, NumPy): median over "
-             f"{args.rounds} alternated rounds of each shape's mean time a call (ms), and its "
-             f"ratio to {first} sequence(s).", "",
+             f"{args.rounds} alternated rounds of each shape's mean time a call (ms), its "
+             f"ratio to {first} sequence(s), its calls a frame and their ms a frame.", "",
              "| type | shape | " + " | ".join(f"{b} seq. ms" for b in sizes) + " | "
-             + " | ".join(f"{b} / {first}" for b in sizes[1:]) + " |",
-             "|---|---|" + "---:|" * (2 * len(sizes) - 1)]
+             + " | ".join(f"{b} / {first}" for b in sizes[1:]) + " | calls a frame | "
+             + " | ".join(f"{b} seq. ms a frame" for b in sizes) + " |",
+             "|---|---|" + "---:|" * (3 * len(sizes))]
     for r in rows:
         lines.append(f"| {r['type']} | {r['shape'][0]} x {r['shape'][1]} | "
                      + " | ".join(f"{r['ms_per_call'][b]:.3f}" for b in sizes) + " | "
-                     + " | ".join(f"{r['over_first'][b]:.2f}" for b in sizes[1:]) + " |")
+                     + " | ".join(f"{r['over_first'][b]:.2f}" for b in sizes[1:]) + " | "
+                     + f"{r['calls_per_frame'][first]:g} | "
+                     + " | ".join(f"{r['ms_per_frame'][b]:.1f}" for b in sizes) + " |")
     lines += ["", "Step (one frame for every sequence): " + ", ".join(
         f"{b} sequence(s) {step_ms[b]:.1f} ms (frames {gains[b]:.2f}x)" for b in sizes) + ".",
         "", *machine.summary_lines(info)]

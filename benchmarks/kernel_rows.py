@@ -1,9 +1,9 @@
-"""What the integer kernels' benchmarks (amx_rows.py, int_block_rows.py, multiply_peak.py,
-prefetch_ahead.py,
-step_prefetch_alone.py) share: copies of one 9728 x 2560 matrix (S2 Pro's FFN shape) of
-random valid blocks, packed as the NumPy backend packs them for its integer kernels, the
-quantized activation rows they take, the time of each of several kernels over all copies,
-alternated, and simd.products compiled over other kernels. Import it after the scripts have
+"""What the integer kernels' benchmarks (amx_rows.py, int_block_rows.py, kernels_ab.py,
+multiply_peak.py, prefetch_ahead.py, step_prefetch_alone.py, ...) share: copies of one
+9728 x 2560 matrix (S2 Pro's FFN shape) of random valid blocks, packed as the NumPy backend
+packs them for its integer kernels, the quantized activation rows they take, the time of each
+of several kernels over all copies, alternated, simd.products compiled over other kernels,
+and a model's integer matrices made to multiply with them. Import it after the scripts have
 put the repository on sys.path."""
 
 from __future__ import annotations
@@ -74,3 +74,21 @@ def products_over(namespace: dict) -> Callable:
     from s2core_numpy import simd
     code = simd.products.py_func
     return njit(parallel=True)(types.FunctionType(code.__code__, namespace, code.__name__))
+
+
+def multiplying_with(products: Callable) -> Callable:
+    """An IntDotMatrix.__call__ that multiplies with `products` (simd.products' signature)
+    instead of the compiled call int_dots makes (int_dots._quantized_products, which holds
+    simd.products inside: reassigning a module's name does not reach it): the same rounding
+    of the activation (act_quant_kernels.integer_codes) and the same output. Assign it to
+    int_dots.IntDotMatrix.__call__ to serve a model with other kernels."""
+    from s2core_numpy import simd
+    from s2core_numpy.act_quant_kernels import integer_codes
+
+    def call(matrix, x):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0], matrix.codes.shape[0] * simd.ROWS), np.float32)
+        xq, xd, xs = integer_codes(x, matrix.kind == simd.Q8_0_KIND)
+        products(matrix.kind, matrix.codes, xq, xd, xs, out, simd.LONE_BLOCK[matrix.kind])
+        return out[:, :matrix.n_out]
+    return call

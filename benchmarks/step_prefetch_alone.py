@@ -40,7 +40,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
 
 import numpy as np  # noqa: E402
 from ab import revision, write_report  # noqa: E402
-from kernel_rows import products_over  # noqa: E402
+from kernel_rows import multiplying_with, products_over  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 from s2core.benchmarking.config import BenchConfig  # noqa: E402
@@ -138,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         ways[key] = alone_asking(old_ns, {"q6_k": simd.AHEAD["q6_k"]})
         codes[key] = [np.ascontiguousarray(x.codes[:, :, permutation]) for x in q6]
 
+    calls = {way: multiplying_with(f) for way, f in ways.items()}
+
     def use(way: str) -> None:
-        int_dots.products = ways[way]
+        int_dots.IntDotMatrix.__call__ = calls[way]
         for x, c in zip(q6, codes[way]):
             x.codes = c
 

@@ -1,0 +1,50 @@
+"""What the in-process batch scripts (batch_products.py, kernels_ab.py) share: one NumPy model
+of the bench's 4-layer S2 Pro-shaped file serving B concurrent requests through
+s2core.serving.Server, as the batch case does, timed a frame at a time."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class ServedFrames:
+    """A NumPy model of weight type `type_name` (the bench's file, BenchConfig) and
+    `max(sizes)` 64-position prompts (kit.prompts.mixed_prompt). `seconds_per_frame(b)`
+    serves the first b prompts at once: their admission (prefills and first frames) untimed,
+    then `frames` frames timed; `before_timing()` runs between the two."""
+
+    def __init__(self, type_name: str, frames: int, max_sequences: int):
+        import s2core
+        from s2core.benchmarking.config import BenchConfig
+        from s2core.benchmarking.models import prepare_model
+        from s2core.generation.loop import QWEN_IM_END_ID
+        from s2core.kit.prompts import mixed_prompt
+
+        cfg = BenchConfig()
+        account = prepare_model(cfg.hparams(), type_name, cfg.seed, 1, None)
+        self.model = s2core.load(str(account.path), backend="numpy")
+        hp = self.model.hparams
+        im_end = QWEN_IM_END_ID if QWEN_IM_END_ID < hp.vocab_size else hp.semantic_begin_id - 1
+        self.frames = frames
+        self.config = dict(max_new_tokens=frames + 1, min_tokens_before_end=frames + 1,
+                           im_end_id=im_end)
+        rng = np.random.default_rng(0)
+        self.prompts = [mixed_prompt(hp, 64, rng) for _ in range(max_sequences)]
+
+    def seconds_per_frame(self, b: int, before_timing=lambda: None) -> float:
+        from s2core.generation.loop import GenerationConfig
+        from s2core.serving import Server
+
+        with Server(self.model, max_sequences=b) as server:
+            for i in range(b):
+                server.submit(self.prompts[i], GenerationConfig(seed=i, **self.config))
+            server.step()  # admission: prefills and first frames, not timed
+            before_timing()
+            t0 = time.perf_counter()
+            server.run()
+            return (time.perf_counter() - t0) / self.frames
+
+    def close(self) -> None:
+        self.model.close()
