@@ -60,7 +60,8 @@ def alone_asking(namespace: dict, alone_ahead: dict[str, int], form: str | None 
 
 def layout_of(rev: str):
     """(REV's _q6_k kernel body, the byte permutation taking a Q6_K tile-block from this
-    tree's layout to REV's), both from REV's own simd.py and int_dots.py: the permutation is
+    tree's layout to REV's, whether REV's kernels make their activation sums themselves
+    (before simd.kernel_sums)), from REV's own simd.py and int_dots.py: the permutation is
     found by packing one tile-block's file bytes, numbered, with each tree's _pack."""
     from s2core_numpy import int_dots, simd
     source = {f: subprocess.run(["git", "-C", str(ROOT), "show",
@@ -90,7 +91,21 @@ def layout_of(rev: str):
     here, there = numbered(int_dots._pack), numbered(pack_ns["_pack"])
     position_here = np.empty(here.size, np.int64)
     position_here[here] = np.arange(here.size)
-    return kernel_ns["_q6_k"], position_here[there]
+    return kernel_ns["_q6_k"], position_here[there], "def kernel_sums" not in simd_src
+
+
+def sums_scaled_in_kernel():
+    """simd.kernel_sums for a Q6_K kernel older than it, which scales its sums itself (x 32):
+    Q6_K's sums as they are, the other types' made."""
+    from numba import njit
+    from s2core_numpy import simd
+
+    @njit
+    def kernel_sums(kind, xs):
+        if kind == simd.Q6_K_KIND:
+            return xs.reshape(-1)
+        return simd.kernel_sums(kind, xs)
+    return kernel_sums
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
           if isinstance(o, int_dots.IntDotMatrix) and o.kind == simd.Q6_K_KIND]
     codes = {way: [x.codes for x in q6] for way in ways}
     if args.layout_against:
-        old_body, permutation = layout_of(args.layout_against)
+        old_body, permutation, raw_sums = layout_of(args.layout_against)
         old_ns = dict(vars(simd), _q6_k=old_body)
+        if raw_sums:
+            old_ns["kernel_sums"] = sums_scaled_in_kernel()
         old_ns["q6_k_block"] = simd._make(old_body, 1, simd.AHEAD["q6_k"])
         old_ns["q6_k_blocks"] = simd._make(old_body, simd.BLOCK, simd.AHEAD["q6_k"])
         key = f"{revision(args.layout_against)} layout"

@@ -72,6 +72,28 @@ def test_products_are_ggmls_and_batched_rows_equal_single_rows(qtype):
 
 
 @needs_integer_kernels
+def test_kernel_sums_are_the_terms_the_kernels_take():
+    """simd.kernel_sums, slot by slot, from ggml's sums of 16 codes: Q4_K's int16 pairs of
+    32-code sums (a negative low half must not spill into the high one), Q6_K's 32 x sums,
+    Q8_0's sums as they are. Random rows, and rows whose every code is the extreme -127."""
+    x = np.random.default_rng(5).standard_normal((4, 512)).astype(np.float32)
+    x[1], x[2] = -1, 1  # ggml's Q8_K codes a block of one value as -127
+    for qtype in TYPES:
+        _, _, xs = act_quant.quantize(act_quant.DOT_TYPE[qtype], x)
+        made = simd.kernel_sums(int(qtype), xs).reshape(xs.shape)
+        if qtype == QT.Q8_0:
+            assert np.array_equal(made, xs)
+        elif qtype == QT.Q6_K:
+            assert np.array_equal(made, 32 * xs)
+        else:
+            sums32 = xs.reshape(4, -1, 2).sum(axis=2)  # (row, 32-code sub-block)
+            low, high = sums32[:, 0::2], sums32[:, 1::2]
+            pairs = np.ascontiguousarray(made[:, 0::4]).view(np.int16).reshape(4, -1, 2)
+            assert np.array_equal(pairs[..., 0], low) and np.array_equal(pairs[..., 1], high)
+            assert low.min() == -127 * 32 and ((low < 0) & (high > 0)).any()
+
+
+@needs_integer_kernels
 def test_avx2_code_equals_this_cpus_code():
     """The other ISA's kernels, compiled in a subprocess for a Haswell, give the same bits
     (the integer sums are exact; the float steps are the same operations in the same order):
