@@ -2,7 +2,7 @@
 """Decode steps with the one-row integer kernels asking for lines ahead or not, and (with
 --layout-against REV) with Q6_K in REV's tile-block layout, alternated step by step in one
 process; with --forms, also the K-quants' one-row kernels in VNNI's and in AVX2's
-instructions (simd._make's form), on a VNNI CPU.
+instructions (simd._make's form), both and each alone, on a VNNI CPU.
 
     python benchmarks/step_prefetch_alone.py [--type q6_k] [--layers 4] [--steps 80]
                                              [--layout-against REV] [--forms] [--runs 3]
@@ -134,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         if simd.isa() != "vnni":
             sys.exit("--forms compares VNNI's one-row kernels with AVX2's: numba's target has "
                      "no AVX-512 VNNI")
+        ahead = {n: simd.AHEAD[n] if simd.PREFETCH_ALONE else 0 for n in ("q4_k", "q6_k")}
         for form in ("vnni", "avx2"):  # the K-quants (Q8_0's VNNI layout is AVX2's xor 128)
-            ways[f"{form} form"] = alone_asking(
-                vars(simd), {n: simd.AHEAD[n] if simd.PREFETCH_ALONE else 0
-                             for n in ("q4_k", "q6_k")}, form)
+            ways[f"{form} form"] = alone_asking(vars(simd), ahead, form)
+        for n in ahead:  # each K-quant's alone
+            ways[f"avx2 form {n}"] = alone_asking(vars(simd), {n: ahead[n]}, "avx2")
     model_path = prepare_model(BenchConfig(layers=args.layers).hparams(), args.type, seed=0,
                                prefill_tokens=256).path
     m = s2core.load(model_path, backend="numpy")

@@ -673,12 +673,26 @@ def prefetch_alone() -> bool:
 
 
 PREFETCH_ALONE = prefetch_alone()
+
+
+def alone_form(name: str) -> str | None:
+    """The instructions of the kernel of a product of one row of type `name` (_make's form;
+    None: the target's): AVX2's for Q6_K on a Zen 4 compiled for VNNI (the same layout, the
+    same bits). Decode steps alternated step by step in one process
+    (benchmarks/step_prefetch_alone.py --forms, three runs each), Q6_K's one-row kernel in
+    AVX2's form against VNNI's: q6_k files 0.95-0.97x, q4_k_m 0.98-0.99x; Q4_K's in AVX2's
+    form 0.99-1.03x, so it keeps VNNI's. Alone, one row of a 9728 x 2560 matrix from memory:
+    Q6_K 0.90-0.93x, Q4_K 1.12-1.22x. Measured on the Zen 4 only: elsewhere the target's."""
+    return "avx2" if name == "q6_k" and isa() == "vnni" and host_cpu() == "znver4" else None
+
+
 #: per type, the kernel of a product of one row. Compiled into `products`, whose on-disk cache
 #: numba keys on its target CPU, not the host: a cache shared by another host under the same
 #: NUMBA_CPU_NAME may bring the other choice (speed only: the same bits either way)
 q8_0_alone, q4_k_alone, q6_k_alone = (
-    block if PREFETCH_ALONE else _make(body, 1, 0)
-    for block, body in ((q8_0_block, _q8_0), (q4_k_block, _q4_k), (q6_k_block, _q6_k)))
+    block if PREFETCH_ALONE else _make(body, 1, 0, alone_form(name))
+    for name, block, body in (("q8_0", q8_0_block, _q8_0), ("q4_k", q4_k_block, _q4_k),
+                              ("q6_k", q6_k_block, _q6_k)))
 
 _ACC = CHUNK * ROWS
 
