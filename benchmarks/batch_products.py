@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['type']} | {r['shape'][0]} x {r['shape'][1]} | "
                      + " | ".join(f"{r['ms_per_call'][b]:.3f}" for b in sizes) + " | "
                      + " | ".join(f"{r['over_first'][b]:.2f}" for b in sizes[1:]) + " | "
-                     + f"{r['calls_per_frame'][first]:g} | "
+                     + f"{r['calls_per_frame'][first]:.1f} | "
                      + " | ".join(f"{r['ms_per_frame'][b]:.1f}" for b in sizes) + " |")
     lines += ["", "Step (one frame for every sequence): " + ", ".join(
         f"{b} sequence(s) {step_ms[b]:.1f} ms (frames {gains[b]:.2f}x)" for b in sizes) + ".",
