@@ -421,10 +421,27 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
     codes, x, xd, xs, out = ptrs
     b = e.b
     low_mask = e.bytes_splat(15)
-    header = q4_k_header(e, codes, at)
+    # A block of rows loads the scale bytes where they are used (from L1; a memory barrier
+    # before each chunk keeps LLVM from holding them): the twelve held through the block
+    # beside four rows' accumulators made LLVM spill 46 vector moves a tile-block to the
+    # stack, loaded at use 9. A single row spills little and keeps them (loaded at use, its
+    # steps took 1.04x).
+    lazy = len(rows) > 1
+    header = None if lazy else q4_k_header(e, codes, at)
+    reload = copy.copy(e)
+    reload.ahead = 0
 
     def scale_min(s: int) -> tuple[list, list]:
-        return q4_k_scale_min(e, header, s)
+        if not lazy:
+            return q4_k_scale_min(e, header, s)
+        used = (s, s + 4) if s < 4 else (s - 4, s, s + 4)
+        loaded = {k: reload.row_byte_vectors(codes, b.add(at, _const(64 + 16 * k))) for k in used}
+        some = loaded[used[0]]
+        return q4_k_scale_min(e, [loaded.get(k, some) for k in range(12)], s)
+
+    def barrier() -> None:
+        if lazy:
+            memory_barrier(b)
 
     n = len(rows)
     sum_scaled = [e.zero() for _ in rows]
@@ -438,6 +455,7 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
     high_nibble = e.bytes_splat(0xF0)
     four = [ir.Constant(e.sums_t, [4] * e.sums_t.count)] * e.parts
     for chunk in range(4):
+        barrier()
         if folded:
             low, high = sum_scaled, sum_scaled
             sc_low, sc_high = scale_min(2 * chunk)[0], scale_min(2 * chunk + 1)[0]
@@ -470,6 +488,7 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
     # The mins' term, sum_s m_s * sum_x(s), by pairs of sub-blocks in 16 bits (m_s < 64,
     # |sum_x(s)| <= 32 * 128): one pair dot per two sub-blocks instead of a 32-bit multiply
     # per sub-block; the same integers. The activation's pairs come made (kernel_sums).
+    barrier()
     min_pairs = [e.pair16(scale_min(2 * k)[1], scale_min(2 * k + 1)[1]) for k in range(4)]
     sum_mins = []
     for r in range(n):
