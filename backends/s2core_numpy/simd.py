@@ -294,12 +294,17 @@ PREFETCH_LOCALITY = 2
 BLOCK_ROWS = {"vnni": 4, "avx2": 4, "": 1}
 
 
-def memory_barrier(builder: ir.IRBuilder) -> None:
+def memory_barrier(builder: ir.IRBuilder, done: tuple = ()) -> None:
     """An empty asm statement that may touch memory: LLVM then cannot reuse a load from before
     it after it (each half of a halves kernel reads its activation bytes itself, instead of
-    keeping the first half's in registers through the second)."""
-    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", side_effect=True)
-    builder.call(asm, [])
+    keeping the first half's in registers through the second). `done`: vectors it takes in
+    registers, so they are computed before it: arithmetic is not held back by a barrier
+    otherwise, and LLVM kept every sub-block's partial sums of a Q6_K block to multiply at
+    the end, spilled to the stack."""
+    constraints = ",".join(["v"] * len(done) + ["~{memory}"])
+    asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [v.type for v in done]), "", constraints,
+                       side_effect=True)
+    builder.call(asm, list(done))
 
 
 def _make(body, n_rows: int, ahead: int, form: str | None = None, halves: bool = False):
@@ -590,7 +595,7 @@ def _q6_k_by_sub_block(e: Emitter, ptrs, at, rows) -> None:
         for quarter in range(2):
             for k in range(4):  # sub-block 8 half + 2k + quarter
                 if half or quarter or k:
-                    memory_barrier(e.b)
+                    memory_barrier(e.b, tuple(v for total in totals for v in total))
                 reader = e if k < 2 else reload
                 acc = [e.zero() for _ in rows]
                 for g in range(4 * quarter, 4 * quarter + 4, 2):
