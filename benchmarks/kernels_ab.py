@@ -3,17 +3,18 @@
 process: a kernel change's effect on batched frames.
 
     python benchmarks/kernels_ab.py --against REV [--type q4_k_m] [--sizes 1,4,8]
-                                    [--rounds 5] [--frames 12]
+                                    [--rounds 5] [--frames 12] [--prefill POSITIONS]
 
 batch_ab.py compares whole trees in fresh processes; on this kind of VM the read bandwidth
 moves 20-50 % between minutes, more than a kernel change makes. Here one model (the bench's
-4-layer file of `--type`, served.ServedFrames) serves every size both ways, switched between
+4-layer file of `--type`, served_frames.ServedFrames) serves every size both ways, switched between
 runs of `--frames` frames, the ways' order reversed every other run: "this tree" multiplies
 with simd.products as it is here, REV with REV's backends/s2core_numpy/simd.py (compiled
 from its source; the packed matrices are this tree's, so REV must share their layout). Both
 round the activation the same way (act_quant_kernels.integer_codes) and give the same bits,
 checked on one product of every integer matrix before timing. Reports per size each way's
-milliseconds a frame, their ratio, and each way's frames gain over the first size. Writes
+milliseconds a frame, their ratio, and each way's frames gain over the first size; with
+--prefill, a prefill of that many positions each way too, alternated. Writes
 benchmarks/results/kernels-ab-<date>-<time>-<type>-<machine tag>.json and .md with the CPU
 model and flags; NUMBA_CPU_NAME and NUMBA_CPU_FEATURES set to HASWELL's measure the AVX2 build.
 """
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,4,8")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--frames", type=int, default=12)
+    ap.add_argument("--prefill", type=int, default=0, metavar="POSITIONS",
+                    help="also time a prefill of this many positions each way, alternated")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -100,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                 for way, call in order if k % 2 == 0 else order[::-1]:
                     int_dots.IntDotMatrix.__call__ = call
                     times[(b, way)].append(served.seconds_per_frame(b))
+        prefills: dict = {way: [] for way in ways}
+        for k in range(args.rounds + 1 if args.prefill else 0):  # the first warms
+            for way, call in order if k % 2 == 0 else order[::-1]:
+                int_dots.IntDotMatrix.__call__ = call
+                seconds = served.seconds_of_prefill(args.prefill)
+                if k:
+                    prefills[way].append(seconds)
     finally:
         int_dots.IntDotMatrix.__call__ = original
         served.close()
@@ -114,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
              "ratio": statistics.median(paired[b]), "ratio_range": [paired[b][0], paired[b][-1]],
              "frames_gain": {w: b * ms[(first, w)] / (first * ms[(b, w)]) for w in names}}
             for b in sizes]
+    prefill = None
+    if args.prefill:
+        pairs = sorted(a / c for a, c in zip(prefills[names[0]], prefills[names[1]]))
+        prefill = {"positions": args.prefill, "runs": prefills,
+                   "ms": {w: statistics.median(v) * 1e3 for w, v in prefills.items()},
+                   "ratio": statistics.median(pairs), "ratio_range": [pairs[0], pairs[-1]]}
     info = machine.describe()
     report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
-              "against": names[1], "rows": rows, "runs": {f"{b} {w}": v for (b, w), v in
-                                                         times.items()},
+              "against": names[1], "rows": rows, "prefill": prefill,
+              "runs": {f"{b} {w}": v for (b, w), v in times.items()},
               "machine": info, "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags(),
               "numba_target": machine.numba_target()}
     lines = [f"The integer kernels of this tree against {names[1]}'s inside the server "
@@ -133,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['ratio']:.3f} ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}) | "
                      f"{r['frames_gain'][names[0]]:.2f}x | "
                      f"{r['frames_gain'][names[1]]:.2f}x |")
+    if prefill:
+        lines += ["", f"Prefill of {args.prefill} positions (median over {args.rounds} "
+                  f"alternated rounds): this tree {prefill['ms'][names[0]]:.0f} ms, {names[1]} "
+                  f"{prefill['ms'][names[1]]:.0f} ms; this tree / {names[1]} "
+                  f"{prefill['ratio']:.3f} ({prefill['ratio_range'][0]:.2f}-"
+                  f"{prefill['ratio_range'][1]:.2f})."]
     lines += ["", *machine.summary_lines(info)]
     write_report(args.out, "kernels-ab", f"{args.type}-{machine.machine_tag(info)}", report,
                  lines)

@@ -13,7 +13,8 @@ class ServedFrames:
     """A NumPy model of weight type `type_name` (the bench's file, BenchConfig) and
     `max(sizes)` 64-position prompts (kit.prompts.mixed_prompt). `seconds_per_frame(b)`
     serves the first b prompts at once: their admission (prefills and first frames) untimed,
-    then `frames` frames timed; `before_timing()` runs between the two."""
+    then `frames` frames timed; `before_timing()` runs between the two.
+    `seconds_of_prefill(n)` times a prefill of one n-position prompt."""
 
     def __init__(self, type_name: str, frames: int, max_sequences: int):
         import s2core
@@ -45,6 +46,19 @@ class ServedFrames:
             t0 = time.perf_counter()
             server.run()
             return (time.perf_counter() - t0) / self.frames
+
+    def seconds_of_prefill(self, positions: int) -> float:
+        """A prefill of a `positions`-position prompt (the same one each time) into an
+        emptied cache."""
+        from s2core.kit.prompts import mixed_prompt
+
+        if getattr(self, "_long_prompt", None) is None or len(self._long_prompt) != positions:
+            self._long_prompt = mixed_prompt(self.model.hparams, positions,
+                                             np.random.default_rng(1))
+        self.model.init_kv_cache(positions + 8)
+        t0 = time.perf_counter()
+        self.model.prefill(self._long_prompt)
+        return time.perf_counter() - t0
 
     def close(self) -> None:
         self.model.close()
