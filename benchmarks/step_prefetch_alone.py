@@ -12,7 +12,8 @@ A decode step (`step()`, every logit) multiplies one activation row by every mat
 step_ab.py compares trees in fresh processes; on this kind of VM steps moved 20-50 % between
 its runs, more than the 5-20 % these choices make. Here one model serves every way, switched
 between steps (the order reversed every other step): "hint" has every one-row kernel ask
-PREFETCH_BLOCKS tile-blocks ahead, "none" none, "current" is simd.products as configured.
+PREFETCH_BLOCKS tile-blocks ahead, "none" none, "current" is simd.products as configured;
+every way, "current" too, multiplies through kernel_rows.multiplying_with.
 With --layout-against REV, "REV layout" runs REV's Q6_K kernel (its source taken from REV's
 simd.py; its one-row kernel asks ahead, as REV's did) over each Q6_K matrix rearranged into
 REV's layout by int_dots.py's own packing as of REV: the layout change alone. Every way gives

@@ -391,7 +391,7 @@ def _q8_0(e: Emitter, ptrs, at, rows) -> None:
         d_w = e.row_halves(codes, b.add(at, _const(32 * block)))
         for r, (_, xd_at, xs_at, _) in enumerate(rows):
             acc = accs[r]
-            if e.kind == "vnni":  # (w + 128) . x: less 128 * sum(x) of the block (kernel_sums)
+            if e.kind == "vnni":  # (w + 128) . x: less 128 * sum(x) of the block, made here
                 x_sum = b.add(e.scalar(xs, b.add(xs_at, _const(2 * block))),
                               e.scalar(xs, b.add(xs_at, _const(2 * block + 1))))
                 acc = e.op("sub", acc, e.splat(b.shl(x_sum, ir.Constant(_I32, 7))))
@@ -735,9 +735,9 @@ def kernel_sums(kind, xs):
       SIGNED_FLIP) made a streamed single row 1.11-1.57x slower, and rows in cache no faster.
 
     Other slots are left unset. Measured on a Zen 4, against the sums made in the kernels,
-    the two alternated in one process, time new / old: 9728 x 2560 from memory, 1 / 4 / 8
-    rows, Q4_K 0.97 / 0.95 / 0.96, Q6_K 0.90 / 0.97 / 0.97; 512 x 2560 in cache, 4 and 8
-    rows, Q4_K 0.96-0.98, Q6_K 0.91-0.92."""
+    the two alternated in one process, time new / old in two runs: 9728 x 2560 from memory,
+    1 / 4 / 8 rows, Q4_K 0.97-0.98 / 0.89-0.95 / 0.95-0.96, Q6_K 0.90-0.93 / 0.95-0.97 /
+    0.95-0.97; 512 x 2560 in cache, 4 and 8 rows, Q4_K 0.96-0.99, Q6_K 0.91-0.92."""
     flat = xs.reshape(-1)
     if kind == Q8_0_KIND:
         return flat
