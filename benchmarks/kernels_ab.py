@@ -56,6 +56,13 @@ def simd_of(rev: str):
     return module
 
 
+def paired_ratio(these: list[float], those: list[float]) -> dict:
+    """The median of the rounds' own ratios these / those, with their range: a round's two
+    runs are neighbours in time, so each ratio sees one drift of the machine."""
+    ratios = sorted(a / b for a, b in zip(these, those))
+    return {"ratio": statistics.median(ratios), "ratio_range": [ratios[0], ratios[-1]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", required=True, help="the revision whose kernels to compare")
@@ -69,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
+    from s2core.kit.prompts import mixed_prompt
     from s2core_numpy import int_dots, simd
     if not simd.isa():
         print("no integer kernels here: numba's target has neither AVX2 nor AVX-512 VNNI",
@@ -104,10 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                     int_dots.IntDotMatrix.__call__ = call
                     times[(b, way)].append(served.seconds_per_frame(b))
         prefills: dict = {way: [] for way in ways}
+        prompt = (mixed_prompt(served.model.hparams, args.prefill, np.random.default_rng(1))
+                  if args.prefill else None)
         for k in range(args.rounds + 1 if args.prefill else 0):  # the first warms
             for way, call in order if k % 2 == 0 else order[::-1]:
                 int_dots.IntDotMatrix.__call__ = call
-                seconds = served.seconds_of_prefill(args.prefill)
+                seconds = served.seconds_of_prefill(prompt)
                 if k:
                     prefills[way].append(seconds)
     finally:
@@ -117,19 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     ms = {key: statistics.median(v) * 1e3 for key, v in times.items()}
     names = list(ways)
     first = sizes[0]
-    # each round's two runs of a size are neighbours in time: their ratio sees one drift
-    paired = {b: sorted(a / c for a, c in zip(times[(b, names[0])], times[(b, names[1])]))
-              for b in sizes}
     rows = [{"sequences": b, "ms_per_frame": {w: ms[(b, w)] for w in names},
-             "ratio": statistics.median(paired[b]), "ratio_range": [paired[b][0], paired[b][-1]],
+             **paired_ratio(times[(b, names[0])], times[(b, names[1])]),
              "frames_gain": {w: b * ms[(first, w)] / (first * ms[(b, w)]) for w in names}}
             for b in sizes]
     prefill = None
     if args.prefill:
-        pairs = sorted(a / c for a, c in zip(prefills[names[0]], prefills[names[1]]))
         prefill = {"positions": args.prefill, "runs": prefills,
                    "ms": {w: statistics.median(v) * 1e3 for w, v in prefills.items()},
-                   "ratio": statistics.median(pairs), "ratio_range": [pairs[0], pairs[-1]]}
+                   **paired_ratio(prefills[names[0]], prefills[names[1]])}
     info = machine.describe()
     report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
               "against": names[1], "rows": rows, "prefill": prefill,

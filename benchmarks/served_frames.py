@@ -11,26 +11,24 @@ import numpy as np
 
 class ServedFrames:
     """A NumPy model of weight type `type_name` (the bench's file, BenchConfig) and
-    `max(sizes)` 64-position prompts (kit.prompts.mixed_prompt). `seconds_per_frame(b)`
-    serves the first b prompts at once: their admission (prefills and first frames) untimed,
-    then `frames` frames timed; `before_timing()` runs between the two.
-    `seconds_of_prefill(n)` times a prefill of one n-position prompt."""
+    `max_sequences` 64-position prompts (kit.prompts.mixed_prompt). `seconds_per_frame(b)`
+    serves the first b prompts at once, as the batch case does (batch.frames_config): their
+    admission (prefills and first frames) untimed, then `frames` frames timed;
+    `before_timing()` runs between the two. `seconds_of_prefill(prompt)` times a prefill."""
 
     def __init__(self, type_name: str, frames: int, max_sequences: int):
         import s2core
+        from s2core.benchmarking.batch import frames_config
         from s2core.benchmarking.config import BenchConfig
         from s2core.benchmarking.models import prepare_model
-        from s2core.generation.loop import QWEN_IM_END_ID
         from s2core.kit.prompts import mixed_prompt
 
         cfg = BenchConfig()
         account = prepare_model(cfg.hparams(), type_name, cfg.seed, 1, None)
         self.model = s2core.load(str(account.path), backend="numpy")
         hp = self.model.hparams
-        im_end = QWEN_IM_END_ID if QWEN_IM_END_ID < hp.vocab_size else hp.semantic_begin_id - 1
         self.frames = frames
-        self.config = dict(max_new_tokens=frames + 1, min_tokens_before_end=frames + 1,
-                           im_end_id=im_end)
+        self.config = frames_config(hp, frames)
         rng = np.random.default_rng(0)
         self.prompts = [mixed_prompt(hp, 64, rng) for _ in range(max_sequences)]
 
@@ -47,17 +45,11 @@ class ServedFrames:
             server.run()
             return (time.perf_counter() - t0) / self.frames
 
-    def seconds_of_prefill(self, positions: int) -> float:
-        """A prefill of a `positions`-position prompt (the same one each time) into an
-        emptied cache."""
-        from s2core.kit.prompts import mixed_prompt
-
-        if getattr(self, "_long_prompt", None) is None or len(self._long_prompt) != positions:
-            self._long_prompt = mixed_prompt(self.model.hparams, positions,
-                                             np.random.default_rng(1))
-        self.model.init_kv_cache(positions + 8)
+    def seconds_of_prefill(self, prompt) -> float:
+        """A prefill of `prompt` into an emptied cache."""
+        self.model.init_kv_cache(len(prompt) + 8)
         t0 = time.perf_counter()
-        self.model.prefill(self._long_prompt)
+        self.model.prefill(prompt)
         return time.perf_counter() - t0
 
     def close(self) -> None:

@@ -407,10 +407,11 @@ def q4_k_header(e: Emitter, codes, at) -> list:
     return [e.row_byte_vectors(codes, e.b.add(at, _const(64 + 16 * k))) for k in range(12)]
 
 
-def q4_k_scale_min(e: Emitter, header: list, s: int) -> tuple[list, list]:
-    """get_scale_min_k4: sub-block s's 6-bit scale and min, per row, as int32 vectors."""
+def q4_k_scale_min(e: Emitter, header, s: int) -> tuple[list, list]:
+    """get_scale_min_k4: sub-block s's 6-bit scale and min, per row, as int32 vectors;
+    header[k]: scale byte k's vectors (a list of all twelve, or a dict of those s uses)."""
     def const(n):
-        return [ir.Constant(v.type, [n] * v.type.count) for v in header[0]]
+        return [ir.Constant(v.type, [n] * v.type.count) for v in header[s]]
 
     if s < 4:
         return (e.widen(e.op("and_", header[s], const(63))),
@@ -441,8 +442,7 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
             return q4_k_scale_min(e, header, s)
         used = (s, s + 4) if s < 4 else (s - 4, s, s + 4)
         loaded = {k: reload.row_byte_vectors(codes, b.add(at, _const(64 + 16 * k))) for k in used}
-        some = loaded[used[0]]
-        return q4_k_scale_min(e, [loaded.get(k, some) for k in range(12)], s)
+        return q4_k_scale_min(e, loaded, s)
 
     def barrier() -> None:
         if lazy:

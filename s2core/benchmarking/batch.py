@@ -37,9 +37,18 @@ DEFAULT_TYPES = ("f16", "q8_0")
 
 
 # ---------------------------------------------------------------------- the child
+def frames_config(hp, frames: int) -> dict[str, Any]:
+    """GenerationConfig's settings that make a request run exactly `frames` frames after its
+    first: <|im_end|> blocked for every frame (the real id, or a text id of a small model)."""
+    from s2core.generation.loop import QWEN_IM_END_ID
+
+    im_end = QWEN_IM_END_ID if QWEN_IM_END_ID < hp.vocab_size else hp.semantic_begin_id - 1
+    return dict(max_new_tokens=frames + 1, min_tokens_before_end=frames + 1, im_end_id=im_end)
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import s2core
-    from s2core.generation.loop import QWEN_IM_END_ID, GenerationConfig
+    from s2core.generation.loop import GenerationConfig
     from s2core.contract.registry import get_registry
     from s2core.serving import Server
     from s2core.kit.prompts import mixed_prompt
@@ -54,10 +63,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         out["max_batch_sequences"] = caps.max_batch_sequences
         hp = model.hparams
         frames = spec["frames"]
-        # <|im_end|> is blocked for every frame (the real id, or a text id of a small model)
-        im_end = QWEN_IM_END_ID if QWEN_IM_END_ID < hp.vocab_size else hp.semantic_begin_id - 1
-        config = dict(max_new_tokens=frames + 1, min_tokens_before_end=frames + 1,
-                      im_end_id=im_end)
+        config = frames_config(hp, frames)
         rng = np.random.default_rng(spec["seed"])
         prompts = [mixed_prompt(hp, spec["context"], rng) for _ in range(max(spec["sizes"]))]
 
