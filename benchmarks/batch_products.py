@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A batched step's integer products inside the server, by shape, against one sequence's.
+"""A batched step's products inside the server, by shape, against one sequence's.
 
 The sizes alternated in one process.
 
@@ -9,7 +9,8 @@ The batch case (s2core bench --case batch) gives frames per second; this says wh
 extra time goes. One NumPy model of `--type` (4 S2 Pro layers, the bench's file) serves
 `--sizes` concurrent requests through s2core.serving.Server, as the batch case does (64-
 position prompts, `--frames` timed frames after the admitting step), the sizes in turn,
-their order reversed every other round. Every integer product (int_dots.IntDotMatrix) is
+their order reversed every other round. Every product of a matrix held in its file's type
+(int_dots.IntDotMatrix under arithmetic "ggml", the tiled layouts under "f32": tiled.py) is
 timed by (weight type, shape, rows); per size, the median over rounds of each shape's mean
 time a call, and of the step's wall time. Ratios are to the first size. Writes
 benchmarks/results/batch-products-<date>-<time>-<machine tag>.json and .md with the CPU
@@ -47,21 +48,25 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 
-    from s2core_numpy import int_dots
+    from s2core_numpy import int_dots, tiled
 
     served = ServedFrames(args.type, args.frames, max(sizes))
 
     spent: dict = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
-    product = int_dots.IntDotMatrix.__call__
+    classes = (int_dots.IntDotMatrix, tiled.TiledMatrix)
+    products = [cls.__call__ for cls in classes]
 
-    def timed(matrix, x):
-        t = time.perf_counter()
-        out = product(matrix, x)
-        key = (matrix.qtype.name, matrix.shape)
-        spent[key] += time.perf_counter() - t
-        calls[key] += 1
-        return out
+    def timing(product):
+        def timed(matrix, x):
+            t = time.perf_counter()
+            out = product(matrix, x)
+            kind = matrix.qtype.name if hasattr(matrix, "qtype") else type(matrix).__name__
+            key = (kind, matrix.shape)
+            spent[key] += time.perf_counter() - t
+            calls[key] += 1
+            return out
+        return timed
 
     def clear() -> None:
         spent.clear()
@@ -70,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     def serve(b: int) -> float:
         return served.seconds_per_frame(b, clear)
 
-    int_dots.IntDotMatrix.__call__ = timed
+    for cls, product in zip(classes, products):
+        cls.__call__ = timing(product)
     try:
         for b in sizes:  # warm-up: compilation, first touches
             serve(b)
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     per_call[key + (b,)].append(seconds / calls[key])
                     per_frame[key + (b,)] = calls[key] / args.frames
     finally:
-        int_dots.IntDotMatrix.__call__ = product
+        for cls, product in zip(classes, products):
+            cls.__call__ = product
         served.close()
 
     first = sizes[0]
@@ -104,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
               "products": rows, "step_ms": step_ms, "frames_gain": gains, "machine": info,
               "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags()}
-    lines = [f"Integer products inside the server ({args.type}, 4 layers, NumPy): median over "
+    lines = [f"Products inside the server ({args.type}, 4 layers, NumPy): median over "
              f"{args.rounds} alternated rounds of each shape's mean time a call (ms), its "
              f"ratio to {first} sequence(s), its calls a frame and their ms a frame.", "",
              "| type | shape | " + " | ".join(f"{b} seq. ms" for b in sizes) + " | "

@@ -11,12 +11,13 @@ import numpy as np
 
 class ServedFrames:
     """A NumPy model of weight type `type_name` (the bench's file, BenchConfig) and
-    `max_sequences` 64-position prompts (kit.prompts.mixed_prompt). `seconds_per_frame(b)`
+    `max_sequences` 64-position prompts (kit.prompts.mixed_prompt), loaded with `options`
+    (arithmetic=...). `seconds_per_frame(b)`
     serves the first b prompts at once, as the batch case does (batch.frames_config): their
     admission (prefills and first frames) untimed, then `frames` frames timed;
     `before_timing()` runs between the two. `seconds_of_prefill(prompt)` times a prefill."""
 
-    def __init__(self, type_name: str, frames: int, max_sequences: int):
+    def __init__(self, type_name: str, frames: int, max_sequences: int, **options):
         import s2core
         from s2core.benchmarking.batch import frames_config
         from s2core.benchmarking.config import BenchConfig
@@ -25,7 +26,7 @@ class ServedFrames:
 
         cfg = BenchConfig()
         account = prepare_model(cfg.hparams(), type_name, cfg.seed, 1, None)
-        self.model = s2core.load(str(account.path), backend="numpy")
+        self.model = s2core.load(str(account.path), backend="numpy", **options)
         hp = self.model.hparams
         self.frames = frames
         self.config = frames_config(hp, frames)

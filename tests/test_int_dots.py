@@ -237,9 +237,29 @@ def test_default_arithmetic_follows_the_instruction_set_numba_compiles_for(monke
     assert plugin.default_arithmetic() == "ggml"
     monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx512f,+avx512bw,+avx512vnni")
     assert plugin.default_arithmetic() == "ggml"
+    assert plugin.default_arithmetic(f16_share=0.5) == "ggml"
+    assert plugin.default_arithmetic(f16_share=0.9) == "f32"  # an F16 file's products
     monkeypatch.delenv("NUMBA_CPU_FEATURES")
     monkeypatch.setenv("NUMBA_CPU_NAME", "generic")
     assert plugin.default_arithmetic() == "f32"
     monkeypatch.setattr(plugin, "numba_available", lambda: False)
     monkeypatch.delenv("NUMBA_CPU_NAME")
     assert plugin.default_arithmetic() == "f32"
+
+
+
+@needs_integer_kernels
+@pytest.mark.parametrize("weight_type,expected", [
+    ("q4_k_m", "ggml"), ("q8_0", "ggml"), ("q4_0", "ggml"), ("f32", "ggml"), ("f16", "f32")])
+def test_the_default_arithmetic_is_ggml_except_for_f16_files(weight_type, expected):
+    """"ggml" by default where the integer kernels run, except for files of mostly F16
+    matrices (ggml's order of float sums, slower there than the tiled kernels); either is
+    there by name, and a named one is what the model computes with."""
+    import s2core
+    from s2core.kit import kit_model
+    path = kit_model("mha-k", weight_type)
+    with s2core.load(path, backend="numpy") as m:
+        assert m.capabilities.arithmetic == expected
+    other = {"ggml": "f32", "f32": "ggml"}[expected]
+    with s2core.load(path, backend="numpy", arithmetic=other) as m:
+        assert m.capabilities.arithmetic == other

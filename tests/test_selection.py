@@ -41,21 +41,24 @@ def test_peers_are_ranked_by_bytes_held(files, weight_type, expected):
     assert choose_backend(CPU_ROWS, files[weight_type]) == expected
 
 
-def test_equal_holdings_go_to_the_one_that_maps_the_file(files):
+def test_equal_holdings_go_by_priority_then_to_the_one_that_maps_the_file(files):
     """numpy-like (packs f16 into its own copy, priority 100) against torch-like (maps f16 in
-    place, priority 90), the same bytes held: fewer bytes copied wins over priority; where
-    both map (f32) priority decides."""
-    packer = BackendInfo("packer", 100, True, "", Capabilities(
-        native_weight_types=frozenset({"f32", "f16"}), mapped_weight_types=frozenset({"f32"})),
-        "test")
+    place, priority 90), the same bytes held: priority (the steady state) wins over fewer
+    bytes copied (the load); between equal priorities the mapper wins."""
+    def packer(priority=100):
+        return BackendInfo("packer", priority, True, "", Capabilities(
+            native_weight_types=frozenset({"f32", "f16"}),
+            mapped_weight_types=frozenset({"f32"})), "test")
     mapper = BackendInfo("mapper", 90, True, "", Capabilities(
         native_weight_types=frozenset({"f32", "f16"}),
         mapped_weight_types=frozenset({"f32", "f16"})), "test")
-    assert choose_backend([packer, mapper], files["f16"]) == "mapper"
-    assert choose_backend([packer, mapper], files["f32"]) == "packer"
+    assert choose_backend([packer(), mapper], files["f16"]) == "packer"
+    assert choose_backend([packer(), mapper], files["f32"]) == "packer"
+    assert choose_backend([packer(90), mapper], files["f16"]) == "mapper"
+    assert choose_backend([packer(90), mapper], files["f32"]) == "mapper"  # then by name
     from s2core.runtime.memory import copied_weight_bytes
     assert copied_weight_bytes(files["f16"], mapper.capabilities) == 0
-    assert copied_weight_bytes(files["f16"], packer.capabilities) == sum(
+    assert copied_weight_bytes(files["f16"], packer().capabilities) == sum(
         t.n_bytes for t in files["f16"].model_tensors() if t.type_name == "f16")
 
 
@@ -71,22 +74,25 @@ def s2pro_typed_files(tmp_path_factory):
             for t in ("f32", "f16", "q8_0", "q4_k_m")}
 
 
-# What benchmarks/results/batch-20261203-1340-*, -1343-* and -1919-* measured on this
-# project's machine with little else running (docs/backend-choice.md), as the declared
-# capabilities must reproduce it: with numba NumPy is the faster on f16 (since "ggml"
-# multiplies F16 rows in place, ggml_ops.py), q8_0 and q4_k_m, and on f32 at 4 sequences
-# (even with torch at one); without numba NumPy computes from float32 copies, and torch's f16
-# (half the bytes) is the faster except on f32 files, which both map.
-@pytest.mark.parametrize("numba_kernels,expected", [
-    (True, {"f32": "numpy", "f16": "numpy", "q8_0": "numpy", "q4_k_m": "numpy"}),
-    (False, {"f32": "numpy", "f16": "torch", "q8_0": "torch", "q4_k_m": "torch"}),
+# What the batch case measured on this project's machines with little else running
+# (docs/backend-choice.md), as the declared capabilities must reproduce it: with numba NumPy
+# is the faster on f16 (its default arithmetic for f16 files, "f32", copies them into its
+# tiled layout; "ggml" multiplies the rows in place: either way the pick), q8_0 and q4_k_m,
+# and on f32 at 4 sequences (even with torch at one); without numba NumPy computes from
+# float32 copies, and torch's f16 (half the bytes) is the faster except on f32 files, which
+# both map.
+@pytest.mark.parametrize("numba_kernels,arithmetic,expected", [
+    (True, None, {"f32": "numpy", "f16": "numpy", "q8_0": "numpy", "q4_k_m": "numpy"}),
+    (True, "f32", {"f32": "numpy", "f16": "numpy", "q8_0": "numpy", "q4_k_m": "numpy"}),
+    (False, None, {"f32": "numpy", "f16": "torch", "q8_0": "torch", "q4_k_m": "torch"}),
 ])
 def test_the_registered_cpu_backends_declare_the_measured_pick(s2pro_typed_files, numba_kernels,
-                                                               expected):
+                                                               arithmetic, expected):
     from s2core_numpy import plugin as numpy_plugin
     from s2core_torch import plugin as torch_plugin
     rows = [BackendInfo("numpy", numpy_plugin.PRIORITY, True, "",
-                        numpy_plugin.numpy_capabilities(numba_kernels=numba_kernels), "test"),
+                        numpy_plugin.numpy_capabilities(numba_kernels=numba_kernels,
+                                                        arithmetic=arithmetic), "test"),
             BackendInfo("torch", torch_plugin.CPU_PRIORITY, True, "",
                         torch_plugin.torch_capabilities("cpu", "f16", n_accelerated_layers=0),
                         "test")]

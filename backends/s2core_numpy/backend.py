@@ -60,7 +60,7 @@ class NumpyBackend(Backend):
         elif numba_kernels and not numba_kernels_possible():
             raise InvalidInputError("numba_kernels", "numba_kernels=True needs numba "
                                     "(pip install 's2core[fast]')")
-        arithmetic = arithmetic_for(arithmetic)
+        arithmetic = arithmetic_for(arithmetic, model_file)
         self._caps = numpy_capabilities(kv_cache_dtype, numba_kernels, arithmetic)
         self._numba = numba_kernels
         self.row_ops = self._row_ops(numba_kernels, arithmetic, model_file)

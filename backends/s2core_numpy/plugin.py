@@ -106,11 +106,17 @@ def amx_expected() -> bool:
         and bool(supported.value >> XFEATURE_XTILEDATA & 1)
 
 
-def default_arithmetic() -> str:
+def default_arithmetic(f16_share: float = 0.0) -> str:
     """The arithmetic a load uses when none is named (README "Arithmetic"): "ggml", s2.cpp's
-    numbers, where the integer kernels make it the faster one (int_dots.py); else "f32", since
-    rounding the activation for float32 kernels costs a little time (act_quant.py)."""
-    return "ggml" if integer_kernels_expected() else "f32"
+    numbers, where it is also the faster: numba's integer kernels run on this CPU and F16
+    matrices hold at most half of the file's matrix bytes (`f16_share`). Else "f32": F16
+    products in ggml's order of float sums (ggml_ops.py) stream slower than the tiled kernels
+    (served, an f16 file gave 1.16-1.45x the frames a second with "f32" alone, 1.24-1.26x
+    with four sequences, 1.14-1.18x with eight, on a Zen 4: benchmarks/served_arithmetic.py),
+    and without the integer kernels "ggml" rounds the activation for the float kernels, a
+    pass that gains nothing. F32 files keep "ggml" (its products in ggml's order, from the
+    mapped file, gave 1.11-1.24x the frames of "f32" alone, 0.96-1.05x with four and eight)."""
+    return "ggml" if integer_kernels_expected() and f16_share <= 0.5 else "f32"
 
 
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None,
@@ -161,7 +167,8 @@ OPTIONS = (
     Option("arithmetic", choices=(None, "ggml", "f32"), default=None,
            doc="products with non-F32 weights: \"ggml\" rounds the activation as s2.cpp does "
                "(8-bit blocks, f16 for F16 weights), \"f32\" feeds it as float32 "
-               "(None: \"ggml\" where numba's integer kernels run, AVX2 or AVX-512 VNNI; else \"f32\")"),
+               "(None: \"ggml\" where numba's integer kernels run, AVX2 or AVX-512 VNNI, except for "
+               "files of mostly F16 matrices; else \"f32\")"),
 )
 
 

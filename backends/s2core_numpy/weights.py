@@ -32,11 +32,16 @@ def numba_kernels_possible() -> bool:
     return USE_NUMBA and numba_available()
 
 
-def arithmetic_for(arithmetic: str | None) -> str:
-    """The arithmetic a load uses: the one named, else the default. "ggml" works on kept and
-    widened weights alike: it rounds the activation by the file's type of the weight."""
+def arithmetic_for(arithmetic: str | None, mf: ModelFile) -> str:
+    """The arithmetic a load of `mf` uses: the one named, else the default for its matrices
+    (plugin.default_arithmetic). "ggml" works on kept and widened weights alike: it rounds
+    the activation by the file's type of the weight."""
     check_option("arithmetic", arithmetic, (None, "ggml", "f32"))
-    return default_arithmetic() if arithmetic is None else arithmetic
+    if arithmetic is not None:
+        return arithmetic
+    matrices = [t for t in mf.model_tensors() if len(t.shape) == 2]
+    f16 = sum(t.n_bytes for t in matrices if t.type == QT.F16)
+    return default_arithmetic(f16 / max(1, sum(t.n_bytes for t in matrices)))
 
 
 #: the matrix types arithmetic="ggml" multiplies in ggml's own order of float32 sums, from the

@@ -10,17 +10,17 @@ capabilities and the file only, never a backend's name.
 2. Among peers, the one that holds the file in the fewest bytes: a decode step reads every
    weight once, so it runs at memory speed and its time follows the bytes held
    (benchmarks/results: NumPy's q8_0 and q4_k_m kept as stored beat torch's f16 copies).
-3. Between equal holdings, the one that copies fewer bytes at load: weights used in place
-   from the memory map load instantly and are shared through the page cache.
-4. Then priority (f32: both map it; NumPy's float32 GEMV was the faster a step on the AMD
-   EPYC; on the Intel Xeon the two tie alone and torch batches f32 faster: an open question
-   in docs/backend-choice.md).
+3. Between equal holdings, priority: the backends' own rank of their steady-state speed.
+4. Then the one that copies fewer bytes at load: weights used in place from the memory map
+   load instantly and are shared through the page cache, but the steps that follow count
+   for more (issue 26: the pick is what the user feels over a session). Ranked above
+   priority, the copy would give f16 files to torch on the CPU: 2.99 frames/s alone and 3.13
+   with four sequences, where NumPy served 3.40 and 13.21 (`batch-20261207-1509`,
+   docs/backend-choice.md).
 
-Step 3 decides f16 files: NumPy (with numba) packs them into its layout, torch maps them. Which
-of the two then steps faster depends on the CPU: torch on this project's Intel Xeon (4 layers,
-quiet: 117 against 266 ms a step, 2.32 against 1.78 frames/s with 4 sequences), NumPy on its
-AMD EPYC (49 against 70 ms). The capabilities cannot tell those apart, so the tie goes to the
-mapped file, instant to load and the faster where last measured (docs/backend-choice.md).
+f32 and f16 files: NumPy and torch on the CPU both hold 2 (f16) or 4 (f32) bytes a weight,
+and NumPy's priority decides: NumPy maps f32 files, and copies f16 files into its tiled
+layout under its default arithmetic for them, "f32" (the faster; torch maps them).
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ def rank_backends(rows: list[BackendInfo], model_file: ModelFile) -> list[str]:
         best = max(r.priority for r in available)
         peers = [r for r in available if r.priority >= best - PEER_BAND]
         chosen = min(peers, key=lambda r: (resident_weight_bytes(model_file, r.capabilities),
+                                           -r.priority,
                                            copied_weight_bytes(model_file, r.capabilities),
-                                           -r.priority, r.name))
+                                           r.name))
         order.append(chosen.name)
         available.remove(chosen)
     return order
