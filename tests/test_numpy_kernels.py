@@ -230,21 +230,24 @@ from numba import njit
 from s2core_numpy import f16
 
 @njit
-def widen_all(bits, out_half, out_any):
+def widen_all(bits, out_half, out_any, out_finite):
     for i in range(bits.shape[0]):
         out_half[i] = f16.widen_half(bits[i])
         out_any[i] = f16.widen_any(bits[i])
+        out_finite[i] = f16.widen_finite(bits[i])
 
 bits = np.arange(-2**15, 2**15, dtype=np.int32).astype(np.int16)
 want = bits.view(np.float16).astype(np.float32)
 nan = np.isnan(want)
 assert nan.sum() == 2 * 1023
-half, any_ = np.empty(bits.shape, np.float32), np.empty(bits.shape, np.float32)
-widen_all(bits, half, any_)
+half, any_, finite = (np.empty(bits.shape, np.float32) for _ in range(3))
+widen_all(bits, half, any_, finite)
 for got in (half, any_):
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+kept = np.isfinite(want)  # widen_finite: the values a packed weight holds
+assert np.array_equal(finite[kept].view(np.uint32), want[kept].view(np.uint32))
 print(f16.target_converts_half())
 """
 
@@ -254,8 +257,9 @@ print(f16.target_converts_half())
 def test_widening_is_numpys_conversion_for_every_float16(cpu):
     """Every one of the 65536 float16 bit patterns, infinities, NaNs and subnormals
     included, widens to the float32 NumPy's conversion gives (NaNs: a NaN of the same sign),
-    by f16.widen_half and by f16.widen_any: on this CPU, and compiled for a generic x86 CPU
-    without F16C, where widen_half must take widen_any's bit trick (LLVM's conversion would
+    by f16.widen_half and by f16.widen_any (every finite one by f16.widen_finite, the tiled
+    kernels' widening): on this CPU, and compiled for a generic x86 CPU without F16C, where
+    widen_half and widen_finite must take the bit trick (LLVM's conversion would
     call a function numba does not link: a crash)."""
     import os
     import platform
