@@ -3,7 +3,8 @@
 each: what bounds a product of several activation rows (a batched step, the Fast-AR of
 several sequences).
 
-    python benchmarks/multiply_peak.py [--types Q4_K,Q6_K,Q8_0,F16] [--rows 1,4,8] [--reps 7]
+    python benchmarks/multiply_peak.py [--types Q4_K,Q6_K,Q8_0,F16,F16_GGML] [--rows 1,4,8]
+                                       [--reps 7]
 
 A decode step of one sequence streams its weights once: its floor is their bytes at the read
 bandwidth. With B sequences the weights still stream once, but every weight meets B
@@ -15,7 +16,8 @@ instruction the kernels spend it on, alone:
   kernels use (simd.Emitter.dot: one AVX-512 VNNI `vpdpbusd` on 64 bytes, or AVX2's
   `vpmaddubsw` + `vpmaddwd`), registers only: int8 multiply-adds a second.
 * **float peak**: the same with float32 fused multiply-adds on the target's vector width (the
-  F16 products' instruction, ggml_ops.py): multiply-adds a second.
+  F16 products' instruction): multiply-adds a second. "F16" is the tiled kernel of F16 files'
+  default arithmetic (f16.py), "F16_GGML" their products under "ggml" (ggml_ops.py).
 
 Then the kernels themselves, on the same thread count:
 * **in cache**: a 512 x 2560 matrix (its tiles fit the cores' L2) times 4, 8 and 16 rows,
@@ -26,8 +28,8 @@ Then the kernels themselves, on the same thread count:
   (bandwidth.GemvProbe) taken beside each: the product's time against its floor, the larger
   of its bytes at the bandwidth sampled beside it and its multiply-adds at the peak.
 
-Integer types need a CPU with AVX2 or AVX-512 VNNI (simd.isa()); F16 runs everywhere numba
-does. Writes benchmarks/results/multiply-peak-<date>-<time>-<isa>.json and .md with the CPU
+Integer types need a CPU with AVX2 or AVX-512 VNNI (simd.isa()); the F16 ones run everywhere
+numba does. Writes benchmarks/results/multiply-peak-<date>-<time>-<isa>.json and .md with the CPU
 model and flags (NUMBA_CPU_NAME and NUMBA_CPU_FEATURES set to HASWELL's measure the AVX2
 build on an AVX-512 machine).
 """
@@ -222,16 +224,23 @@ def peak(kind: str, threads: int, seconds: float = 0.3, reps: int = 5) -> float:
     return threads * n * per_iteration / best
 
 
+#: the float types: F16 files' default kernel (arithmetic "f32": f16.F16Matrix, the tiled
+#: layout) and their kernel under "ggml" (ggml_ops.GgmlRows, ggml's order of sums)
+FLOAT_TYPES = ("F16", "F16_GGML")
+
+
 def _products(name: str):
     """(f(matrix, args), args(matrix, rows), copies(k)) for type `name`: simd.products for the
-    integer types (their quantized rows made once), GgmlRows for F16."""
-    if name == "F16":
+    integer types (their quantized rows made once), F16Matrix or GgmlRows for the F16 ones."""
+    if name in FLOAT_TYPES:
+        from s2core_numpy.f16 import F16Matrix
         from s2core_numpy.ggml_ops import GgmlRows
+        held = F16Matrix.from_raw if name == "F16" else GgmlRows
 
         def f16_copies(k: int, shape=SHAPE) -> list:
             rng = np.random.default_rng(0)
             values = (rng.standard_normal(shape) * 0.05).astype(np.float16)
-            return [GgmlRows(values.copy()) for _ in range(k)]
+            return [held(values.copy()) for _ in range(k)]
 
         def f16_args(m, rows):
             return (np.random.default_rng(rows).standard_normal(
@@ -325,7 +334,7 @@ def gains(from_memory: dict[int, dict]) -> dict[int, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,F16")
+    ap.add_argument("--types", default="Q4_K,Q6_K,Q8_0,F16,F16_GGML")
     ap.add_argument("--rows", default="1,4,8", help="rows of the products from memory")
     ap.add_argument("--cache-rows", default="4,8,16", help="rows of the products in cache")
     ap.add_argument("--reps", type=int, default=7)
@@ -335,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     isa = _isa()
-    names = [t for t in args.types.split(",") if t == "F16" or isa]
+    names = [t for t in args.types.split(",") if t in FLOAT_TYPES or isa]
     if len(names) < len(args.types.split(",")):
         print("no integer kernels here (numba's target has neither AVX2 nor AVX-512 VNNI): "
               "the integer types are left out")
@@ -348,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_rows = [int(r) for r in args.cache_rows.split(",")]
     results = {}
     for name in names:
-        rate = peaks["float" if name == "F16" else "int8"]["all_threads"]
+        rate = peaks["float" if name in FLOAT_TYPES else "int8"]["all_threads"]
         streamed = from_memory(name, rows_list, rate, args.copies, args.reps, probe)
         results[name] = {"in_cache": in_cache(name, cache_rows, rate), "from_memory": streamed,
                          "gains": gains(streamed)}
