@@ -257,9 +257,14 @@ def test_the_default_arithmetic_is_ggml_except_for_f16_files(weight_type, expect
     there by name, and a named one is what the model computes with."""
     import s2core
     from s2core.kit import kit_model
+    from s2core_numpy import plugin
     path = kit_model("mha-k", weight_type)
     with s2core.load(path, backend="numpy") as m:
         assert m.capabilities.arithmetic == expected
     other = {"ggml": "f32", "f32": "ggml"}[expected]
     with s2core.load(path, backend="numpy", arithmetic=other) as m:
         assert m.capabilities.arithmetic == other
+        # F16 rows are used in place only under "ggml"; the probe states an f16 file's
+        # default load, which copies them
+        assert ("f16" in m.capabilities.mapped_weight_types) == (other == "ggml")
+    assert "f16" not in plugin.numpy_capabilities(numba_kernels=True).mapped_weight_types

@@ -122,14 +122,17 @@ def default_arithmetic(f16_share: float = 0.0) -> str:
 def numpy_capabilities(kv_cache_dtype: str = "f16", numba_kernels: bool | None = None,
                        arithmetic: str | None = None) -> Capabilities:
     """numba_kernels: F16, Q8_0 and block-quantized matrices kept in their file type; None =
-    when numba is there. Each cache type is held as itself (CACHE_NUMPY_DTYPES). arithmetic: "ggml" (s2.cpp's activation rounding, act_quant.py) or
-    "f32"."""
+    when numba is there. Each cache type is held as itself (CACHE_NUMPY_DTYPES). arithmetic:
+    "ggml" (s2.cpp's activation rounding, act_quant.py) or "f32"; None (the probe) = the
+    default, which depends on the file (default_arithmetic): stated as "ggml", the default for
+    the files the integer kernels take, with F16 matrices copied as under "f32", as an f16
+    file's default load copies them (`s2core info` then says so)."""
     if numba_kernels is None:
         numba_kernels = numba_available()
-    arithmetic = arithmetic or default_arithmetic()
     # "ggml" multiplies F16 matrices in ggml's order from the file's own rows (ggml_ops.py)
     mapped = frozenset({"f32", "f16"}) if numba_kernels and arithmetic == "ggml" \
         else frozenset({"f32"})
+    arithmetic = arithmetic or default_arithmetic()
     return Capabilities(device="cpu", accelerator=False, n_accelerated_layers=0,
                         kv_cache_dtype=kv_cache_dtype,
                         supported_kv_cache_dtypes=CACHE_DTYPES, compute_dtype="f32",
@@ -150,8 +153,8 @@ def probe() -> Probe:
         else "; numba not installed (pip install s2core[fast]): F16 and quantized weights are "
              "widened to float32")
     if integer_kernels_expected():
-        reason += ("; arithmetic \"ggml\" multiplies 8-bit codes in integers (AVX2 or AVX-512 "
-                   "VNNI)")
+        reason += ("; arithmetic \"ggml\" (the default, except for f16 files) multiplies 8-bit "
+                   "codes in integers (AVX2 or AVX-512 VNNI)")
         if amx_expected():
             reason += ", on the AMX tile units for products of many rows (batches, prefills)"
     return Probe(available=True, reason=reason, capabilities=numpy_capabilities())
