@@ -127,42 +127,35 @@ def widen_half_lanes(builder: ir.IRBuilder, bits: ir.Value) -> ir.Value:
     return builder.select(special, kept, finite)
 
 
-@intrinsic
-def widen_half(typingctx, h):
-    """A float16 given by its int16 bits as float32, exactly, for every value (infinities
-    and NaNs included): the hardware conversion where the target has one
-    (target_converts_half, decided when the kernel is compiled), widen_any otherwise. The
-    conversion is 1 instruction for 16 values against widen_any's 5: attention over an F16
-    cache (attention.py's numba loops for the columns past its vectors), which multiplies each
-    value only 4 times, feels the difference."""
-    if not (isinstance(h, types.Integer) and h.bitwidth == 16):
-        return None
+def _widening(trick):
+    """An intrinsic h -> float32 for a float16 given by its int16 bits, exactly: the hardware
+    conversion where the target has one (target_converts_half, decided when the kernel is
+    compiled), else the bit trick `trick` (h -> float32, compiled inline). One instruction
+    widens 16 values where widen_any takes five and _widen four."""
+    @intrinsic
+    def widening(typingctx, h):
+        if not (isinstance(h, types.Integer) and h.bitwidth == 16):
+            return None
 
-    def codegen(context, builder, signature, args):
-        if target_converts_half():
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return context.compile_internal(builder, lambda x: widen_any(x), signature, args)
+        def codegen(context, builder, signature, args):
+            if target_converts_half():
+                return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+            return context.compile_internal(builder, trick, signature, args)
 
-    return types.float32(h), codegen
+        return types.float32(h), codegen
+
+    return widening
 
 
-@intrinsic
-def widen_finite(typingctx, h):
-    """A finite float16 given by its int16 bits as float32, exactly: the hardware conversion
-    where the target has one (target_converts_half), else _widen's bit trick, the cheapest
-    for the finite values a packed weight holds (`_pack` turns the others away). In the tiled
-    kernels the conversion is one instruction for 16 weights against the trick's four: from
-    memory, alternated, one row of S2 Pro's F16 matrices took 0.87-0.91x the time, four and
-    eight rows 0.76-0.78x (the products bit for bit the same)."""
-    if not (isinstance(h, types.Integer) and h.bitwidth == 16):
-        return None
-
-    def codegen(context, builder, signature, args):
-        if target_converts_half():
-            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        return context.compile_internal(builder, lambda x: _widen(x), signature, args)
-
-    return types.float32(h), codegen
+#: every float16, infinities and NaNs included (widen_any's trick elsewhere): attention over
+#: an F16 cache (attention.py's numba loops for the columns past its vectors), which
+#: multiplies each value only 4 times, feels the difference from the trick
+widen_half = _widening(lambda h: widen_any(h))
+#: the finite float16 a packed weight holds (`_pack` turns the others away; _widen's cheaper
+#: trick elsewhere): in the tiled kernels, from memory, alternated, one row of S2 Pro's F16
+#: matrices took 0.87-0.91x the time it took with the trick, four and eight rows 0.76-0.78x
+#: (the products bit for bit the same)
+widen_finite = _widening(lambda h: _widen(h))
 
 
 @intrinsic
