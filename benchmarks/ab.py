@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -42,6 +43,13 @@ def worktree(rev: str, root: Path = ROOT) -> Iterator[Path]:
 def tree_env(tree: Path) -> dict[str, str]:
     """os.environ with `tree`'s packages (s2core, and the backends) first on the path."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "backends")]))
+
+
+def paired_ratio(these: list[float], those: list[float]) -> dict:
+    """The median of the rounds' own ratios these / those, with their range: a round's two
+    runs are neighbours in time, so each ratio sees one drift of the machine."""
+    ratios = sorted(a / b for a, b in zip(these, those))
+    return {"ratio": statistics.median(ratios), "ratio_range": [ratios[0], ratios[-1]]}
 
 
 def write_report(out: str | Path, kind: str, tag: str, report: dict, lines: list[str]) -> Path:

@@ -36,7 +36,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import revision, write_report  # noqa: E402
+from ab import paired_ratio, revision, write_report  # noqa: E402
 from kernel_rows import multiplying_with  # noqa: E402
 from served_frames import ServedFrames  # noqa: E402
 
@@ -54,13 +54,6 @@ def simd_of(rev: str):
     exec(compile(source.replace("cache=True", "cache=False"), f"{rev}:simd.py", "exec"),
          module.__dict__)
     return module
-
-
-def paired_ratio(these: list[float], those: list[float]) -> dict:
-    """The median of the rounds' own ratios these / those, with their range: a round's two
-    runs are neighbours in time, so each ratio sees one drift of the machine."""
-    ratios = sorted(a / b for a, b in zip(these, those))
-    return {"ratio": statistics.median(ratios), "ratio_range": [ratios[0], ratios[-1]]}
 
 
 def main(argv: list[str] | None = None) -> int:

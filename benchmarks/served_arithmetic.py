@@ -28,7 +28,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from ab import write_report  # noqa: E402
+from ab import paired_ratio, write_report  # noqa: E402
 from served_frames import ServedFrames  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             s.close()
 
     fps = {a: {b: b / statistics.median(seconds[(a, b)]) for b in sizes} for a in ARITHMETICS}
-    ratio = {b: statistics.median(g / f for g, f in zip(seconds[("ggml", b)],
-                                                        seconds[("f32", b)])) for b in sizes}
+    # seconds ggml / f32 of each round's neighbouring runs: frames a second f32 / ggml
+    ratio = {b: paired_ratio(seconds[("ggml", b)], seconds[("f32", b)])["ratio"] for b in sizes}
     gains = {a: {b: fps[a][b] / fps[a][sizes[0]] for b in sizes} for a in ARITHMETICS}
     info = machine.describe()
     report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
