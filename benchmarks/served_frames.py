@@ -1,12 +1,25 @@
-"""What the in-process batch scripts (batch_products.py, kernels_ab.py) share: one NumPy model
-of the bench's 4-layer S2 Pro-shaped file serving B concurrent requests through
-s2core.serving.Server, as the batch case does, timed a frame at a time."""
+"""What the in-process batch scripts (batch_products.py, kernels_ab.py, served_arithmetic.py)
+share: one NumPy model of the bench's 4-layer S2 Pro-shaped file serving B concurrent
+requests through s2core.serving.Server, as the batch case does, timed a frame at a time."""
 
 from __future__ import annotations
 
+import functools
 import time
+from pathlib import Path
 
 import numpy as np
+
+
+@functools.cache
+def bench_model(type_name: str) -> Path:
+    """The bench's 4-layer file of `type_name` (BenchConfig), written if the cache lacks it
+    and read once into the page cache: once a process, however many models serve it."""
+    from s2core.benchmarking.config import BenchConfig
+    from s2core.benchmarking.models import prepare_model
+
+    cfg = BenchConfig()
+    return prepare_model(cfg.hparams(), type_name, cfg.seed, 1, None).path
 
 
 class ServedFrames:
@@ -20,13 +33,9 @@ class ServedFrames:
     def __init__(self, type_name: str, frames: int, max_sequences: int, **options):
         import s2core
         from s2core.benchmarking.batch import frames_config
-        from s2core.benchmarking.config import BenchConfig
-        from s2core.benchmarking.models import prepare_model
         from s2core.kit.prompts import mixed_prompt
 
-        cfg = BenchConfig()
-        account = prepare_model(cfg.hparams(), type_name, cfg.seed, 1, None)
-        self.model = s2core.load(str(account.path), backend="numpy", **options)
+        self.model = s2core.load(str(bench_model(type_name)), backend="numpy", **options)
         hp = self.model.hparams
         self.frames = frames
         self.config = frames_config(hp, frames)
