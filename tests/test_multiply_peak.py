@@ -136,3 +136,24 @@ def test_gains_set_the_kernel_against_what_the_floors_allow():
     assert g[8]["kernel"] == pytest.approx(2.5) and g[8]["ceiling"] == pytest.approx(8.0)
     assert g[16]["kernel"] == pytest.approx(4.0) and g[16]["ceiling"] == pytest.approx(8.0)
     assert multiply_peak.gains({8: m(1.6, 0.4, 0.4)}) == {}  # no one-row baseline
+
+
+def test_a_batch_frames_ceiling_worked_out_by_hand():
+    """batch_products.ceilings(): one sequence's 72 ms frame holds 64 ms of products, its
+    weights read in 60 ms at the read bandwidth; a sequence's frame is 4.5 G int8
+    multiply-adds and the peak 450 G/s, 10 ms a sequence. Four sequences: their multiply-adds
+    (40 ms) fit in the reading, so at best 60 + 8 ms: 4 x 72 / 68 = 4.24x. Eight: the
+    multiply floor (80 ms) rules, 8 x 72 / (80 + 8) = 6.55x. Two families add their times:
+    1 G float at 100 G/s is 10 ms more a sequence."""
+    import batch_products
+    c = batch_products.ceilings({1: 72.0, 4: 110.0, 8: 160.0}, {1: 64.0, 4: 92.0, 8: 135.0},
+                                60.0, {"int8": 4.5e9}, {"int8": 450e9})
+    assert c[1]["ceiling"] == pytest.approx(72 / 68)  # one sequence's own products, 4 over
+    assert c[4]["multiply_floor_ms"] == pytest.approx(40.0) and c[4]["rest_ms"] == 18.0
+    assert c[4]["ceiling"] == pytest.approx(4 * 72 / 68)
+    assert c[8]["ceiling"] == pytest.approx(8 * 72 / 88)
+    both = batch_products.ceilings({1: 72.0, 8: 160.0}, {1: 64.0, 8: 135.0}, 60.0,
+                                   {"int8": 4.5e9, "float": 1e9},
+                                   {"int8": 450e9, "float": 100e9})
+    assert both[8]["multiply_floor_ms"] == pytest.approx(160.0)
+    assert both[8]["ceiling"] == pytest.approx(8 * 72 / 168)
