@@ -155,8 +155,9 @@ class Emitter:
     def dot(self, acc: list, pairs: list, scale: list | None = None) -> list:
         """acc + sum over (weights, activations) in `pairs` of their 4-byte dots; weights
         unsigned, activations signed. On AVX2 the int16 pair sums of all `pairs` are added
-        before widening: the caller keeps them within int16 (len(pairs) * 2 * 255 * 128 would
-        not be: callers pass at most 2 pairs of weights below 64).
+        before widening (byte_products, then widen_sums): the caller keeps them within int16
+        (len(pairs) * 2 * 255 * 128 would not be: callers pass at most 2 pairs of weights
+        below 64).
         scale (AVX2 only): per row an int32 below 2^15, which multiplies the dots in the
         widening step itself (vpmaddwd by it instead of by ones: ggml's way), so no 32-bit
         multiply follows."""
@@ -166,16 +167,34 @@ class Emitter:
                 acc = [self.b.call(self._dpbusd, [acc[0], w[0], x[0]])]
             return acc
         out = []
-        ones = ir.Constant(self._i16s, [1] * self._i16s.count)
-        for p in range(self.parts):
-            s = None
+        for p in range(self.parts):  # part by part: the order LLVM was given and measured on
+            sums = None
             for w, x in pairs:
-                m = self.b.call(self._maddubs, [w[p], x[p]])
-                s = m if s is None else self.b.add(s, m)
-            by = ones if scale is None else self.b.bitcast(self.pair16(scale, scale)[p],
-                                                           self._i16s)
-            out.append(self.b.add(acc[p], self.b.call(self._maddwd, [s, by])))
+                sums = self._byte_products(sums, w[p], x[p])
+            out.append(self._widen(acc[p], sums, p, scale))
         return out
+
+    def byte_products(self, sums: list | None, w: list, x: list) -> list:
+        """AVX2: sums (int16 per pair of bytes; None: none yet) + vpmaddubsw(w, x), the
+        products of unsigned weights and signed activations added in pairs, in int16. The
+        pair sums saturate at int16 and the additions wrap: the caller keeps every running
+        sum within int16."""
+        return [self._byte_products(None if sums is None else sums[p], w[p], x[p])
+                for p in range(self.parts)]
+
+    def widen_sums(self, acc: list, sums: list, scale: list | None = None) -> list:
+        """AVX2: acc + the int16 sums widened to int32 in pairs (vpmaddwd by ones, or by
+        `scale`: see dot)."""
+        return [self._widen(acc[p], sums[p], p, scale) for p in range(self.parts)]
+
+    def _byte_products(self, sums, w, x):
+        m = self.b.call(self._maddubs, [w, x])
+        return m if sums is None else self.b.add(sums, m)
+
+    def _widen(self, acc, sums, p: int, scale: list | None):
+        by = (ir.Constant(self._i16s, [1] * self._i16s.count) if scale is None
+              else self.b.bitcast(self.pair16(scale, scale)[p], self._i16s))
+        return self.b.add(acc, self.b.call(self._maddwd, [sums, by]))
 
     def pair16(self, low: list, high: list) -> list:
         """Per row the int16 pair (low, high) in an int32 (values within int16)."""
@@ -451,7 +470,8 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
     n = len(rows)
     sum_scaled = [e.zero() for _ in rows]
     # VNNI sums each sub-block's dots in int32, then multiplies by its scale; AVX2 folds
-    # the scale into the widening of the int16 sums (Emitter.dot), straight into the total.
+    # the scale into the widening of the int16 sums (Emitter.widen_sums), straight into the
+    # total.
     folded = e.kind != "vnni"
     # VNNI takes the high nibbles in place (byte & 0xF0: 16 x the code, its int32 sums have
     # room) instead of shifting them down: byte shifts share the port with vpdpbusd. Its
@@ -459,8 +479,34 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
     # at the end: exact, and within int32 (16 x 8 x 63 x 32 x 15 x 128 < 2^31).
     high_nibble = e.bytes_splat(0xF0)
     four = [ir.Constant(e.sums_t, [4] * e.sums_t.count)] * e.parts
+
+    def x_at(r: int, chunk: int, g: int, high: bool):
+        return b.add(rows[r][0], _const(64 * chunk + 32 * high + 4 * g))
+
     for chunk in range(4):
         barrier()
+        if folded and n > 1:
+            # AVX2, a block of rows: a sub-block's eight groups summed in int16 (each pair sum
+            # of a 4-bit weight's products is within 2 x 15 x 128, eight of them 30720 <
+            # 2^15), then widened once, by the scale (vpmaddwd): 9 multiplies a row where two
+            # groups a widening (below) take 12; four and eight q4_k_m sequences served 0.89x
+            # and 0.92x the time (kernels-ab-20261207-1709-q4_k_m-...-avx2). A single row,
+            # bound by the memory, took 1.09x so: it widens every two groups, as ggml does.
+            s_low, s_high = [None] * n, [None] * n
+            for g in range(8):
+                w = e.load(codes, b.add(at, _const(Q4_K_HEADER + (chunk * 8 + g) * GROUP_BYTES)))
+                w_low = e.op("and_", w, low_mask)
+                w_high = e.op("lshr", w, e.bytes_splat(4))
+                for r in range(n):
+                    s_low[r] = e.byte_products(s_low[r], w_low,
+                                               e.broadcast(x, x_at(r, chunk, g, False)))
+                    s_high[r] = e.byte_products(s_high[r], w_high,
+                                                e.broadcast(x, x_at(r, chunk, g, True)))
+            sc_low, sc_high = scale_min(2 * chunk)[0], scale_min(2 * chunk + 1)[0]
+            for r in range(n):
+                sum_scaled[r] = e.widen_sums(sum_scaled[r], s_low[r], sc_low)
+                sum_scaled[r] = e.widen_sums(sum_scaled[r], s_high[r], sc_high)
+            continue
         if folded:
             low, high = sum_scaled, sum_scaled
             sc_low, sc_high = scale_min(2 * chunk)[0], scale_min(2 * chunk + 1)[0]
@@ -475,10 +521,8 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
                 w_high = (e.op("lshr", w, e.bytes_splat(4)) if folded
                           else e.op("and_", w, high_nibble))
                 for r in range(n):
-                    x_at = rows[r][0]
-                    pairs_low[r].append((w_low, e.broadcast(x, b.add(x_at, _const(64 * chunk + 4 * gg)))))
-                    pairs_high[r].append((w_high, e.broadcast(
-                        x, b.add(x_at, _const(64 * chunk + 32 + 4 * gg)))))
+                    pairs_low[r].append((w_low, e.broadcast(x, x_at(r, chunk, gg, False))))
+                    pairs_high[r].append((w_high, e.broadcast(x, x_at(r, chunk, gg, True))))
             for r in range(n):
                 low[r] = e.dot(low[r], pairs_low[r], sc_low)
                 high[r] = e.dot(high[r], pairs_high[r], sc_high)
