@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .f16 import _through_half, as_float32
 
 _F32 = np.float32

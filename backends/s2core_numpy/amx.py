@@ -34,6 +34,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 from numba.core import cgutils
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .plugin import (AMX_FEATURES, ARCH_REQ_XCOMP_PERM, NO_AMX_VARIABLE, SYS_ARCH_PRCTL,
                      XFEATURE_XTILEDATA)
 from .simd import (Q4_K_HEADER, Q4_K_KIND, Q6_K_HEADER, Q6_K_KIND, Q8_0_HEADER, Q8_0_KIND, ROWS,

@@ -54,6 +54,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .f16 import as_float32, value_f32, widen_half_lanes
 from .ops import KV, Keys
 from .prefetch import emit_prefetch

@@ -29,6 +29,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .fewrows import GROUP, few_rows
 from .stack import stack_tile
 from .tiled import TILE, TiledMatrix, n_tiles

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .prefetch import prefetch
 from .stack import stack_array
 from .tile_gemm import dense_gemm

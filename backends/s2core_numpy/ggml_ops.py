@@ -59,6 +59,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .attention import AHEAD_BYTES as ATTENTION_AHEAD_BYTES
 from .attention import PREFETCH_LOCALITY as ATTENTION_PREFETCH_LOCALITY
 from .attention import cache_blocks, sequence_blocks, vector_shape

@@ -32,6 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from numba import njit, prange
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from . import act_quant, amx
 from .act_quant_kernels import integer_codes
 from .f16 import _widen

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .fewrows import GROUP, few_rows
 from .stack import stack_tile
 from .tiled import TILE, TiledMatrix, n_tiles

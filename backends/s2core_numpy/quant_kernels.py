@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .f16 import _UNSCALE, _bits
 from .prefetch import AHEAD, prefetch_rows
 from .stack import stack_array, stack_tile

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .attention import attend_last, attend_rows
 from .ops import Keys, RowOps, cached_attention
 

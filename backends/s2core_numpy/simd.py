@@ -31,6 +31,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import kernel_cache  # noqa: F401  (first: numba's cache follows every source here)
 from .plugin import AVX2_FEATURES, VNNI_FEATURES
 from .prefetch import emit_prefetch
 from .stack import stack_array
