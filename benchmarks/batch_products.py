@@ -20,8 +20,13 @@ read floor), and its multiply-adds per sequence at the peaks measured in the sam
 (multiply_peak.peak: int8 for the integer kernels, float32 for the tiled ones; the multiply
 floor, times the size); then the most each size's frames could gain over one sequence's if
 its products took the longer of the two floors and the rest of its frame (norms, attention,
-sampling, the server) cost what one sequence's does. A target above that ceiling cannot be
-met on this machine with the kernels' instructions, whatever else the kernels do. Writes
+sampling, the server) cost what one sequence's does. The read floor taken is the lower of
+the sampled one and one sequence's products (the probe's gemv reads slower than the kernels
+in some minutes), so the ceiling stays a bound: a target above it cannot be met on this
+machine with the instruction the peak spins (multiply_peak: VNNI's vpdpbusd, the fewest
+instructions an int8 multiply-add can take there; AVX2's vpmaddubsw with a vpmaddwd every
+two groups, which a kernel summing more groups in int16 before widening can pass, as AVX2's
+Q4_K blocks of rows do: simd._q4_k). Writes
 benchmarks/results/batch-products-<date>-<time>-<machine tag>.json and .md with the CPU
 model and flags (NUMBA_CPU_NAME=haswell measures the AVX2 build).
 """
@@ -55,9 +60,11 @@ def ceilings(step_ms: dict[int, float], products_ms: dict[int, float], read_floo
     the peaks (macs_per_sequence and peaks by family, "int8" or "float"), and the ceiling on
     b sequences' frames gain over one sequence's, b x step(1) / (max(read floor, multiply
     floor(b)) + step(1) - products(1)): the read floor is the frame's weight bytes at the
-    read bandwidth, the same for every size (the weights stream once a call)."""
+    read bandwidth (read_floor_ms), the same for every size (the weights stream once a
+    call), or one sequence's products where they read faster than that."""
     per_sequence_ms = sum(macs / peaks[family] for family, macs in macs_per_sequence.items()) * 1e3
     rest_one = step_ms[1] - products_ms[1]
+    read_floor_ms = min(read_floor_ms, products_ms[1])
     out = {}
     for b in step_ms:
         floor = b * per_sequence_ms

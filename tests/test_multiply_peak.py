@@ -148,7 +148,7 @@ def test_a_batch_frames_ceiling_worked_out_by_hand():
     import batch_products
     c = batch_products.ceilings({1: 72.0, 4: 110.0, 8: 160.0}, {1: 64.0, 4: 92.0, 8: 135.0},
                                 60.0, {"int8": 4.5e9}, {"int8": 450e9})
-    assert c[1]["ceiling"] == pytest.approx(72 / 68)  # one sequence's own products, 4 over
+    assert c[1]["ceiling"] == pytest.approx(72 / 68)  # one sequence's products, 4 ms over
     assert c[4]["multiply_floor_ms"] == pytest.approx(40.0) and c[4]["rest_ms"] == 18.0
     assert c[4]["ceiling"] == pytest.approx(4 * 72 / 68)
     assert c[8]["ceiling"] == pytest.approx(8 * 72 / 88)
@@ -157,3 +157,8 @@ def test_a_batch_frames_ceiling_worked_out_by_hand():
                                    {"int8": 450e9, "float": 100e9})
     assert both[8]["multiply_floor_ms"] == pytest.approx(160.0)
     assert both[8]["ceiling"] == pytest.approx(8 * 72 / 168)
+    # one sequence's products (55 ms) read faster than the sampled floor (60): they bound it
+    fast = batch_products.ceilings({1: 63.0, 4: 100.0}, {1: 55.0, 4: 80.0}, 60.0,
+                                   {"int8": 4.5e9}, {"int8": 450e9})
+    assert fast[1]["ceiling"] == pytest.approx(1.0)
+    assert fast[4]["ceiling"] == pytest.approx(4 * 63 / 63)
