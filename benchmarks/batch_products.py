@@ -47,7 +47,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 from ab import write_report  # noqa: E402
-from served_frames import ServedFrames  # noqa: E402
+from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 from s2core.benchmarking.bandwidth import GemvProbe, usable_cores  # noqa: E402
@@ -75,13 +75,9 @@ def ceilings(step_ms: dict[int, float], products_ms: dict[int, float], read_floo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--type", default="q4_k_m")
-    ap.add_argument("--sizes", default="1,4")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--frames", type=int, default=12)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    add_served_options(ap, "q4_k_m", "1,4", 4)
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = sizes_of(args)
 
     from s2core_numpy import int_dots, tiled
 
@@ -98,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         def timed(matrix, x):
             t = time.perf_counter()
             out = product(matrix, x)
+            seconds = time.perf_counter() - t  # the product alone, not this bookkeeping
             kind = matrix.qtype.name if hasattr(matrix, "qtype") else type(matrix).__name__
             if isinstance(matrix, int_dots.IntDotMatrix):
                 integer_kinds.add(kind)
             key = (kind, matrix.shape)
             nbytes[key] = matrix.nbytes
-            spent[key] += time.perf_counter() - t
+            spent[key] += seconds
             calls[key] += 1
             return out
         return timed

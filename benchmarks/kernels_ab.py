@@ -38,7 +38,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
 import numpy as np  # noqa: E402
 from ab import paired_ratio, revision, write_report  # noqa: E402
 from kernel_rows import multiplying_with  # noqa: E402
-from served_frames import ServedFrames  # noqa: E402
+from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 
@@ -59,15 +59,11 @@ def simd_of(rev: str):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", required=True, help="the revision whose kernels to compare")
-    ap.add_argument("--type", default="q4_k_m")
-    ap.add_argument("--sizes", default="1,4,8")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--frames", type=int, default=12)
+    add_served_options(ap, "q4_k_m", "1,4,8", 5)
     ap.add_argument("--prefill", type=int, default=0, metavar="POSITIONS",
                     help="also time a prefill of this many positions each way, alternated")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = sizes_of(args)
 
     from s2core.kit.prompts import mixed_prompt
     from s2core_numpy import int_dots, simd

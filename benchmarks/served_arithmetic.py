@@ -29,7 +29,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 from ab import paired_ratio, write_report  # noqa: E402
-from served_frames import ServedFrames  # noqa: E402
+from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 
@@ -38,13 +38,9 @@ ARITHMETICS = ("ggml", "f32")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--type", default="f16")
-    ap.add_argument("--sizes", default="1,4,8")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--frames", type=int, default=12)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    add_served_options(ap, "f16", "1,4,8", 3)
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = sizes_of(args)
 
     served = {a: ServedFrames(args.type, args.frames, max(sizes), arithmetic=a)
               for a in ARITHMETICS}

@@ -1,6 +1,7 @@
 """What the in-process batch scripts (batch_products.py, kernels_ab.py, served_arithmetic.py)
 share: one NumPy model of the bench's 4-layer S2 Pro-shaped file serving B concurrent
-requests through s2core.serving.Server, as the batch case does, timed a frame at a time."""
+requests through s2core.serving.Server, as the batch case does, timed a frame at a time, and
+their common options."""
 
 from __future__ import annotations
 
@@ -9,6 +10,22 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def add_served_options(ap, type_name: str, sizes: str, rounds: int) -> None:
+    """The options every in-process batch script takes, with its own defaults for the first
+    three: --type, --sizes (comma-separated), --rounds, --frames, --out."""
+    ap.add_argument("--type", default=type_name)
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--frames", type=int, default=12)
+    ap.add_argument("--out", default=str(RESULTS))
+
+
+def sizes_of(args) -> list[int]:
+    return [int(s) for s in args.sizes.split(",")]
 
 
 @functools.cache
