@@ -156,9 +156,9 @@ class Emitter:
     def dot(self, acc: list, pairs: list, scale: list | None = None) -> list:
         """acc + sum over (weights, activations) in `pairs` of their 4-byte dots; weights
         unsigned, activations signed. On AVX2 the int16 pair sums of all `pairs` are added
-        before widening (byte_products, then widen_sums): the caller keeps them within int16
-        (len(pairs) * 2 * 255 * 128 would not be: callers pass at most 2 pairs of weights
-        below 64).
+        before widening (part by part, as byte_products then widen_sums do): the caller
+        keeps them within int16 (len(pairs) * 2 * 255 * 128 would not be: callers pass at
+        most 2 pairs of weights below 64).
         scale (AVX2 only): per row an int32 below 2^15, which multiplies the dots in the
         widening step itself (vpmaddwd by it instead of by ones: ggml's way), so no 32-bit
         multiply follows."""
@@ -171,8 +171,8 @@ class Emitter:
         for p in range(self.parts):  # part by part: the order LLVM was given and measured on
             sums = None
             for w, x in pairs:
-                sums = self._byte_products(sums, w[p], x[p])
-            out.append(self._widen(acc[p], sums, p, scale))
+                sums = self._part_products(sums, w[p], x[p])
+            out.append(self._widen_part(acc[p], sums, p, scale))
         return out
 
     def byte_products(self, sums: list | None, w: list, x: list) -> list:
@@ -180,19 +180,21 @@ class Emitter:
         products of unsigned weights and signed activations added in pairs, in int16. The
         pair sums saturate at int16 and the additions wrap: the caller keeps every running
         sum within int16."""
-        return [self._byte_products(None if sums is None else sums[p], w[p], x[p])
+        return [self._part_products(None if sums is None else sums[p], w[p], x[p])
                 for p in range(self.parts)]
 
     def widen_sums(self, acc: list, sums: list, scale: list | None = None) -> list:
         """AVX2: acc + the int16 sums widened to int32 in pairs (vpmaddwd by ones, or by
         `scale`: see dot)."""
-        return [self._widen(acc[p], sums[p], p, scale) for p in range(self.parts)]
+        return [self._widen_part(acc[p], sums[p], p, scale) for p in range(self.parts)]
 
-    def _byte_products(self, sums, w, x):
+    def _part_products(self, sums, w, x):
+        """byte_products on one register part's vectors."""
         m = self.b.call(self._maddubs, [w, x])
         return m if sums is None else self.b.add(sums, m)
 
-    def _widen(self, acc, sums, p: int, scale: list | None):
+    def _widen_part(self, acc, sums, p: int, scale: list | None):
+        """widen_sums on register part p."""
         by = (ir.Constant(self._i16s, [1] * self._i16s.count) if scale is None
               else self.b.bitcast(self.pair16(scale, scale)[p], self._i16s))
         return self.b.add(acc, self.b.call(self._maddwd, [sums, by]))
