@@ -30,6 +30,7 @@ import numpy as np
 
 from s2core.contract.inputs import is_integer
 from s2core.errors import InvalidInputError
+from s2core.generation.sampler_kernels import descending, sequential_sum
 
 #: s2.cpp's SamplerParams / GenerateParams defaults
 DEFAULT_TEMPERATURE = 0.8
@@ -52,34 +53,31 @@ class Candidates:
             p[0] = 1.0
             return p
         z = np.exp((self.logits - self.logits[0]) / np.float32(temperature))
-        return z / _sequential_sum(z)
+        return z / sequential_sum(z)
 
 
 def candidates(logits: np.ndarray, top_p: float, top_k: int) -> Candidates:
     """Steps 1 and 2 on validated float32 logits with at least one finite value."""
-    allowed = np.flatnonzero(logits != -np.inf)
-    masked = len(allowed) < len(logits)
-    if masked:
-        logits = logits[allowed]
     # The sums need every logit in descending order, but only values: equal logits are
     # equal terms, so sorting the values alone (4-5x faster than a stable argsort of the
-    # ids) gives the same sums.
-    sorted_logits = -np.sort(-logits)
+    # ids) gives the same sums. The -inf ones are left out (sampler_kernels: compiled
+    # where numba is installed).
+    sorted_logits = descending(logits)
     e = np.exp(sorted_logits - sorted_logits[0])
-    n = len(logits) if top_k <= 0 else min(top_k, len(logits))
+    n = len(sorted_logits) if top_k <= 0 else min(top_k, len(sorted_logits))
     # the walk stops by item n: the running sum of the first n probabilities is all it
     # reads (each term is e / total, the total over every item)
-    running = np.cumsum(e[:n] / _sequential_sum(e), dtype=np.float32)
+    running = np.cumsum(e[:n] / sequential_sum(e), dtype=np.float32)
     p = np.float32(min(max(top_p, 0.0), 1.0))
     # The running sum never decreases, so the kept items are a prefix: item 0, then every
     # item up to the first whose running sum exceeds top_p (exclusive).
     crossing = np.flatnonzero(running[1:] > p)
     keep = n if crossing.size == 0 else int(crossing[0]) + 1
-    # Their ids: the logits at least the last kept value, in a stable sort (descending,
-    # equal logits by ascending id) of which the first `keep` are the kept ones.
+    # Their ids: the logits at least the last kept value (finite: no -inf among them), in a
+    # stable sort (descending, equal logits by ascending id) of which the first `keep` are
+    # the kept ones.
     ties_and_above = np.flatnonzero(logits >= sorted_logits[keep - 1])
-    order = ties_and_above[np.argsort(-logits[ties_and_above], kind="stable")[:keep]]
-    ids = allowed[order] if masked else order
+    ids = ties_and_above[np.argsort(-logits[ties_and_above], kind="stable")[:keep]]
     return Candidates(ids.astype(np.int64), sorted_logits[:keep])
 
 
@@ -144,8 +142,3 @@ def check_sampling(temperature: Any, top_p: Any, top_k: Any, what: str = "") -> 
     if not is_integer(top_k):
         raise InvalidInputError(f"{prefix}top_k", f"{prefix}top_k must be an integer (<= 0: "
                                 f"off), got {top_k!r}")
-
-
-def _sequential_sum(x: np.ndarray) -> np.float32:
-    """Sum in index order in float32, as a C loop does (np.sum is pairwise)."""
-    return np.cumsum(x, dtype=np.float32)[-1]
