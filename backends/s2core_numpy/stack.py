@@ -11,6 +11,18 @@ bit for bit the same numbers.
 `stack_array(rows, cols, dtype)` is a (rows, cols) array (both compile-time constants: literal
 numbers or module globals, not expressions) living in the calling function's frame: it must
 not be returned or kept beyond the call. Its contents start undefined.
+
+`stack_tile(dtype)`, a tile's accumulators, is aligned to a cache line (TILE_ALIGN): the
+tiled kernels' four rows of sums (f16.py, q8_0.py, quant_kernels.py) outnumber AVX2's 16
+vector registers, so LLVM keeps some of them in the array, loaded and stored on every input.
+With the element's 4-byte alignment, those 32-byte accesses straddled cache lines whenever
+the calling thread's stack sat 16 bytes off a 32-byte boundary, which Linux's randomized
+stack decides per process: four F16 rows of a tile in cache took 1.39x the time at two of
+every four places of the caller's frame in a Haswell build, eight rows 2.71x
+(benchmarks/stack_alignment.py), and in the server four f16 sequences' frames ran 320 ms in
+some processes and 420-730 ms in others. Other stack arrays keep their element's alignment:
+aligning the integer products' (simd.py) made LLVM realign their frames and cost a VNNI
+build's Q4_K products 1.19x (its vectors of sums stay in registers).
 """
 
 from __future__ import annotations
@@ -21,30 +33,39 @@ from numba.extending import intrinsic
 
 from .tiled import TILE
 
+#: bytes a tile's accumulators (stack_tile) are aligned to, read when a kernel compiles (None:
+#: the element's; benchmarks/stack_alignment.py compiles kernels both ways)
+TILE_ALIGN = 64
+
 
 @intrinsic
-def _alloca(typingctx, rows, cols, dtype):
+def _alloca(typingctx, rows, cols, dtype, line):
     """A pointer to rows * cols elements of dtype, allocated in the function's entry block
-    (once per call, not per loop pass)."""
-    literal = (isinstance(rows, types.IntegerLiteral) and isinstance(cols, types.IntegerLiteral))
+    (once per call, not per loop pass); aligned to TILE_ALIGN where `line` (a literal bool)."""
+    literal = (isinstance(rows, types.IntegerLiteral) and isinstance(cols, types.IntegerLiteral)
+               and isinstance(line, types.BooleanLiteral))
     if not literal or not isinstance(dtype, types.NumberClass):
         return None
     element = dtype.dtype
 
     def codegen(context, builder, signature, args):
-        return cgutils.alloca_once(builder, context.get_data_type(element),
-                                   size=rows.literal_value * cols.literal_value)
+        pointer = cgutils.alloca_once(builder, context.get_data_type(element),
+                                      size=rows.literal_value * cols.literal_value)
+        if line.literal_value and TILE_ALIGN:
+            pointer.align = TILE_ALIGN
+        return pointer
 
-    return types.CPointer(element)(rows, cols, dtype), codegen
+    return types.CPointer(element)(rows, cols, dtype, line), codegen
 
 
 @njit(inline="always")
 def stack_array(rows, cols, dtype):
     """A (rows, cols) array of dtype on the stack (see the module's note)."""
-    return carray(_alloca(rows, cols, dtype), (rows, cols))
+    return carray(_alloca(rows, cols, dtype, False), (rows, cols))
 
 
 @njit(inline="always")
 def stack_tile(dtype):
-    """A (TILE,) array of dtype on the stack: one value per output of a tile (tiled.py)."""
-    return stack_array(1, TILE, dtype)[0]
+    """A (TILE,) array of dtype on the stack, aligned to a cache line: one value per output of
+    a tile (tiled.py)."""
+    return carray(_alloca(1, TILE, dtype, True), (1, TILE))[0]
