@@ -62,18 +62,19 @@ def compiled_with(align, py_func, args: tuple, **options):
 
 
 def padded_callers(kernel, args: tuple) -> dict:
-    """pad -> a numba function that calls kernel(*args) from a frame `pad` bytes larger (its
-    padding a stack_array, of its element's alignment: a frame is not realigned)."""
+    """pad -> a numba function `caller(sink, *args)` that calls kernel(*args) from a frame
+    `pad` bytes larger: its padding a stack_array, of its element's alignment (the frame is
+    not realigned), whose address it stores in sink (so that LLVM keeps it)."""
     from s2core_numpy.stack import stack_array
     callers = {}
+    sink = np.zeros(1, np.int64)
     for pad in PADS:
         namespace = {"stack_array": stack_array, "np": np, "kernel": kernel}
-        exec(f"def caller(*args):\n"
+        exec(f"def caller(sink, *args):\n"
              f"    pad = stack_array(1, {pad // 4 + 4}, np.float32)\n"
-             f"    pad[0, 0] = 0\n"
-             f"    kernel(*args)\n"
-             f"    return pad[0, 0]\n", namespace)
-        callers[pad] = compiled_with(None, namespace["caller"], args)
+             f"    sink[0] = pad.ctypes.data\n"
+             f"    kernel(*args)\n", namespace)
+        callers[pad] = compiled_with(None, namespace["caller"], (sink, *args))
     return callers
 
 
@@ -105,13 +106,14 @@ def by_pad(kernel, args: tuple, reps: int) -> dict[int, float]:
     """Median microseconds a call of kernel(*args) from each padded caller, the pads in
     turn, reversed every other repetition."""
     callers = padded_callers(kernel, args)
+    sink = np.zeros(1, np.int64)
     times: dict[int, list[float]] = {pad: [] for pad in PADS}
     order = list(callers.items())
     for k in range(reps):
         for pad, call in order if k % 2 == 0 else order[::-1]:
             t = time.perf_counter()
             for _ in range(30):
-                call(*args)
+                call(sink, *args)
             times[pad].append((time.perf_counter() - t) / 30 * 1e6)
     return {pad: statistics.median(v) for pad, v in times.items()}
 
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             label = "cache line" if way == "aligned" else "element (4 bytes)"
             lines.append(f"| {r['kernel']} | {label} | {cells} | {r['spread'][way]:.2f} |")
     lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "stack-alignment", machine.machine_tag(info), report, lines)
+    write_report(args.out, "stack-alignment", f"{args.rows}rows-{machine.machine_tag(info)}",
+                 report, lines)
     return 0
 
 

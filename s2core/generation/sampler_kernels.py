@@ -4,11 +4,14 @@ terms in that order, compiled with numba where it is installed (the `fast` extra
 otherwise.
 
 Both give NumPy's numbers: a sort is a permutation of the values (here a radix sort of their
-bits, where NumPy's comparison sort of 4096 float32 took 45 us on a Zen 4 whose NumPy build
-does not dispatch its AVX-512 sort), and the sum is the same float32 additions in the same
-order (np.cumsum's, 15 us there, 4 us compiled). A frame draws ten tokens, each over about
-4096 ids, so the two took 3 % of a four-layer q4_k_m frame of one sequence and 7 % of one of
-eight sequences, drawn one after another between the Fast-AR's calls.
+bits, 20 us for 4096 float32 on a Zen 4 where NumPy's comparison sort took 45: that NumPy
+build does not dispatch its AVX-512 sort there), and the sum is the same float32 additions in
+the same order (np.cumsum's, 15 us there, 4 us compiled). A frame draws ten tokens, each over
+about 4096 ids, one sequence after another between the Fast-AR's calls: the draws took 3 % of
+a four-layer q4_k_m frame of one sequence and 7 % of one of eight. With these passes compiled
+a draw alone takes 0.57-0.59x the time; served, the draws take 0.85x and 0.79x (2.19 against
+2.58 and 8.38 against 10.56 ms a frame, `sampler-20261207-2018-q4_k_m-...`): there each draw
+finds the caches full of the weights just streamed.
 
 Only the sign of a zero may differ from np.sort's output: -0.0 sorts as +0.0 here, which
 np.sort leaves in either place; every later step compares or subtracts them, where the two
