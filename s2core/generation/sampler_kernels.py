@@ -20,12 +20,14 @@ are equal.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import numpy as np
 
-try:
-    from numba import njit
-except ImportError:  # the NumPy forms below
-    njit = None
+#: whether numba is installed: the passes are compiled at their first use (importing numba
+#: takes a while, and `import s2core` imports no framework)
+COMPILED = importlib.util.find_spec("numba") is not None
 
 #: bits of the sort key taken per radix pass (three passes cover 32 bits)
 _DIGIT_BITS = 11
@@ -95,20 +97,21 @@ def _sequential_sum_loop(x):
     return total
 
 
-if njit is not None:
-    _descending = njit(cache=True, nogil=True)(_descending_radix)
-    _sum = njit(cache=True, nogil=True)(_sequential_sum_loop)
-    COMPILED = True
-else:
-    _descending, _sum = descending_numpy, sequential_sum_numpy
-    COMPILED = False
+@functools.cache
+def _passes() -> tuple:
+    """(descending, sequential_sum) on contiguous float32: compiled, or NumPy's."""
+    if not COMPILED:
+        return descending_numpy, sequential_sum_numpy
+    from numba import njit
+    return (njit(cache=True, nogil=True)(_descending_radix),
+            njit(cache=True, nogil=True)(_sequential_sum_loop))
 
 
 def descending(values: np.ndarray) -> np.ndarray:
     """The values (1-D, no NaN) but -inf as float32 in descending order."""
-    return _descending(np.ascontiguousarray(values, dtype=np.float32))
+    return _passes()[0](np.ascontiguousarray(values, dtype=np.float32))
 
 
 def sequential_sum(x: np.ndarray) -> np.float32:
     """Sum in index order in float32, as a C loop does (np.sum is pairwise)."""
-    return _sum(np.ascontiguousarray(x, dtype=np.float32))
+    return _passes()[1](np.ascontiguousarray(x, dtype=np.float32))
