@@ -15,8 +15,8 @@ whose frames hold
 is not realigned), from one thread (numba's threads set to 1): the places a process may give
 it. Kernels: the tiled F16 and Q8_0 rows (f16.f16_rows, q8_0.q8_0_rows: the "f32"
 arithmetic of F16 and Q8_0 files), on one 512 x 2560 matrix held in cache, `--rows`
-activation rows (a multiple of four); median microseconds a call over `--reps` alternated
-repetitions of 30 calls. Writes benchmarks/results/stack-alignment-<date>-<time>-<machine tag>.json and
+activation rows (a multiple of four); median microseconds a call over `--reps` repetitions
+of 30 calls, both copies at every place taken in turn. Writes benchmarks/results/stack-alignment-<date>-<time>-<machine tag>.json and
 .md with the CPU model and flags; NUMBA_CPU_NAME=haswell (and NUMBA_CPU_FEATURES) measures
 the AVX2 build, whose 16 registers make both spill.
 """
@@ -102,20 +102,21 @@ def kernels(rows: int, rng: np.random.Generator) -> dict:
     return built
 
 
-def by_pad(kernel, args: tuple, reps: int) -> dict[int, float]:
-    """Median microseconds a call of kernel(*args) from each padded caller, the pads in
-    turn, reversed every other repetition."""
-    callers = padded_callers(kernel, args)
+def by_pad(copies: dict, args: tuple, reps: int) -> dict[str, dict[int, float]]:
+    """way -> pad -> median microseconds a call of the way's kernel(*args) from each padded
+    caller: every (way, pad) in turn, the order reversed every other repetition, so that a
+    drift of the machine meets both ways alike."""
+    callers = [((way, pad), call) for way, kernel in copies.items()
+               for pad, call in padded_callers(kernel, args).items()]
     sink = np.zeros(1, np.int64)
-    times: dict[int, list[float]] = {pad: [] for pad in PADS}
-    order = list(callers.items())
+    times: dict[tuple, list[float]] = {key: [] for key, _ in callers}
     for k in range(reps):
-        for pad, call in order if k % 2 == 0 else order[::-1]:
+        for key, call in callers if k % 2 == 0 else callers[::-1]:
             t = time.perf_counter()
             for _ in range(30):
                 call(sink, *args)
-            times[pad].append((time.perf_counter() - t) / 30 * 1e6)
-    return {pad: statistics.median(v) for pad, v in times.items()}
+            times[key].append((time.perf_counter() - t) / 30 * 1e6)
+    return {way: {pad: statistics.median(times[(way, pad)]) for pad in PADS} for way in copies}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     rows = []
     for name, (copies, call_args, out) in kernels(args.rows, rng).items():
-        us = {way: by_pad(f, call_args, args.reps) for way, f in copies.items()}
+        us = by_pad(copies, call_args, args.reps)
         outs = []
         for f in copies.values():
             f(*call_args)
@@ -148,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     head = " | ".join(f"+{pad} B" for pad in PADS)
     lines = [f"A kernel's time by the place of its caller's frame (moved by 0-64 bytes; one "
              f"thread; {args.rows} rows of a 512 x 2560 matrix in cache; median us a call over "
-             f"{args.reps} alternated repetitions of 30), its tiles' accumulators aligned to a "
-             "cache line (stack.TILE_ALIGN) or to their element only. Slowest over fastest "
-             "place: the spread.", "", f"| kernel | accumulators | {head} | spread |",
+             f"{args.reps} repetitions of 30, both copies at every place in turn), its tiles' "
+             "accumulators aligned to a cache line (stack.TILE_ALIGN) or to their element "
+             "only. Slowest over fastest place: the spread.", "", f"| kernel | accumulators | {head} | spread |",
              "|---|---|" + "---:|" * (len(PADS) + 1)]
     for r in rows:
         for way, us in r["us_by_pad"].items():

@@ -17,10 +17,10 @@ tiled kernels' four rows of sums (f16.py, q8_0.py, quant_kernels.py) outnumber A
 vector registers, so LLVM keeps some of them in the array, loaded and stored on every input.
 With the element's 4-byte alignment, where those 32-byte accesses fell depended on where the
 calling thread's stack sat, which Linux randomizes per process in steps of 16 bytes: at two
-of every four places a Haswell build's four F16 rows of a tile in cache took 1.41x the time,
-Q8_0's 1.64x, eight rows 2.58x and 1.66x (`stack-alignment-20261207-2034-...-avx2`); in the
+of every four places a Haswell build's four F16 rows of a tile in cache took 1.42x the time,
+Q8_0's 1.53x, eight rows 2.57x and 1.63x (`stack-alignment-20261207-2106-...-avx2`); in the
 server, four f16 sequences' frames ran 320 ms in some processes and 420-730 ms in others.
-Aligned: 1.01-1.08x at every place. Other stack arrays keep their element's alignment:
+Aligned: 1.01-1.03x at every place. Other stack arrays keep their element's alignment:
 aligning the integer products' (simd.py) made LLVM realign their frames and cost a VNNI
 build's Q4_K products 1.19x (their vectors of sums stay in registers).
 """
