@@ -16,8 +16,9 @@ is not realigned), from one thread (numba's threads set to 1): the places a proc
 it. Kernels: the tiled F16 and Q8_0 rows (f16.f16_rows, q8_0.q8_0_rows: the "f32"
 arithmetic of F16 and Q8_0 files), on one 512 x 2560 matrix held in cache, `--rows`
 activation rows (a multiple of four); median microseconds a call over `--reps` repetitions
-of 30 calls, both copies at every place taken in turn. Writes benchmarks/results/stack-alignment-<date>-<time>-<machine tag>.json and
-.md with the CPU model and flags; NUMBA_CPU_NAME=haswell (and NUMBA_CPU_FEATURES) measures
+of 30 calls, both copies at every place taken in turn. Writes
+benchmarks/results/stack-alignment-<date>-<time>-<rows>rows-<machine tag>.json and .md with
+the CPU model and flags; NUMBA_CPU_NAME=haswell (and NUMBA_CPU_FEATURES) measures
 the AVX2 build, whose 16 registers make both spill.
 """
 
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
              f"thread; {args.rows} rows of a 512 x 2560 matrix in cache; median us a call over "
              f"{args.reps} repetitions of 30, both copies at every place in turn), its tiles' "
              "accumulators aligned to a cache line (stack.TILE_ALIGN) or to their element "
-             "only. Slowest over fastest place: the spread.", "", f"| kernel | accumulators | {head} | spread |",
+             "only. Slowest over fastest place: the spread.", "",
+             f"| kernel | accumulators | {head} | spread |",
              "|---|---|" + "---:|" * (len(PADS) + 1)]
     for r in rows:
         for way, us in r["us_by_pad"].items():
