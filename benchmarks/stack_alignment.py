@@ -43,7 +43,6 @@ from s2core.benchmarking import machine  # noqa: E402
 
 #: bytes the calling frame is moved by
 PADS = (0, 16, 32, 48, 64)
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def compiled_with(align, py_func, args: tuple, **options):
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=4, help="a multiple of four")
     ap.add_argument("--reps", type=int, default=11)
-    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
 
     import numba
