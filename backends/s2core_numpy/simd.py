@@ -453,7 +453,11 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
     # before each chunk keeps LLVM from holding them): the twelve held through the block
     # beside four rows' accumulators made LLVM spill 46 vector moves a tile-block to the
     # stack, loaded at use 9. A single row spills little and keeps them (loaded at use, its
-    # steps took 1.04x).
+    # steps took 1.04x). The barrier takes the running totals, so that each chunk's scale
+    # multiplies come before the next chunk: without them LLVM sank all four chunks' to the
+    # end, spilling 22 vectors of partial sums (none with them; four rows of 9728 x 2560 from
+    # L3 took 0.96x the time on VNNI, 0.88x on AVX2, from memory 1.00x; served, within noise:
+    # kernels-ab-20261207-2209-q4_k_m-... and -2213-...-avx2).
     lazy = len(rows) > 1
     header = None if lazy else q4_k_header(e, codes, at)
     reload = copy.copy(e)
@@ -468,7 +472,7 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
 
     def barrier() -> None:
         if lazy:
-            memory_barrier(b)
+            memory_barrier(b, tuple(v for total in sum_scaled for v in total))
 
     n = len(rows)
     sum_scaled = [e.zero() for _ in rows]
