@@ -318,6 +318,66 @@ def f16_pair(codes, x, out):
             out[1, t * TILE + j] = a1[j]
 
 
+#: outputs of a tile one pass of f16_row_pairs accumulates: two rows of 32 float32 are eight
+#: AVX2 registers, which leave room in AVX2's 16 for the widened weights and the two
+#: activation values (f16_rows' four rows of 64 are 32 such registers: LLVM spills them)
+PAIR_OUTPUTS = 32
+#: inputs of a tile f16_row_pairs takes at a time, all its passes over them before the next
+#: ones: 2048 inputs of a tile are 256 KB, so every pass after the first reads them from L2
+PAIR_SPAN = 2048
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def f16_row_pairs(codes, x, out):
+    """f16_rows for targets with fewer vector registers (wide_registers): x has an even
+    number of rows, taken a pair at a time, each pass a pair by PAIR_OUTPUTS outputs over
+    PAIR_SPAN inputs, the running sums kept in `out` between spans (float32 stored and
+    reloaded: exact). Each output still sums (w * 2^112) * x over its inputs in input order,
+    fused: the same bits as f16_rows. Indices are unsigned, so that numba adds no test for
+    negative ones to the inner loop (with them, this form ran slower than f16_rows)."""
+    n_tiles, n_in, _ = codes.shape
+    n_rows = x.shape[0]
+    for t in prange(n_tiles):
+        a0 = stack_tile(np.float32)
+        a1 = stack_tile(np.float32)
+        for r in range(n_rows):
+            for j in range(TILE):
+                out[r, t * TILE + j] = 0.0
+        for start in range(0, n_in, PAIR_SPAN):
+            span = min(PAIR_SPAN, n_in - start)
+            for g in range(0, n_rows, 2):
+                for part in range(0, TILE, PAIR_OUTPUTS):
+                    o = t * TILE + part
+                    for j in range(PAIR_OUTPUTS):
+                        a0[j] = out[g, o + j]
+                        a1[j] = out[g + 1, o + j]
+                    for k in range(span):
+                        i = np.uint64(start + k)
+                        x0, x1 = x[g, i], x[g + 1, i]
+                        for j in range(PAIR_OUTPUTS):
+                            wj = widen_finite(codes[t, i, np.uint64(part + j)])
+                            a0[j] += wj * x0
+                            a1[j] += wj * x1
+                    for j in range(PAIR_OUTPUTS):
+                        out[g, o + j] = a0[j]
+                        out[g + 1, o + j] = a1[j]
+
+
+@functools.cache
+def wide_registers() -> bool:
+    """Whether numba's target has AVX-512's 32 vector registers of 16 float32: f16_rows'
+    four rows of a whole tile (4 x 64 accumulators) fit there. AVX2's 16 registers of 8 do
+    not: there eight rows or more take f16_row_pairs. Measured on a Zen 4, the two forms
+    alternated over copies of S2 Pro's four matrix shapes streamed from memory
+    (benchmarks/f16_row_forms.py, results f16-row-forms-20261207-2244-...): the Haswell
+    build's pairs take 0.76-0.89x f16_rows' time at 8 rows (two more runs that day:
+    0.75-0.93x), but 1.04-1.25x at 4 and 1.09-1.24x at 2 (where f16_rows' second pass over
+    a tile's inputs costs nothing), hence only from eight rows; the VNNI build's pairs take
+    1.23-1.95x, hence only without AVX-512."""
+    from .simd import target_features
+    return "avx512f" in target_features()
+
+
 class F16Matrix(TiledMatrix):
     """A [out, in] F16 matrix in the tiled layout. `m(x)` is x @ W^T for x (n, in)."""
 
@@ -336,7 +396,9 @@ class F16Matrix(TiledMatrix):
         _matvec_tiles(self.codes.view(np.int16), x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        few_rows((f16_rows, f16_pair), (self.codes.view(np.int16),), x, out)
+        pairs = x.shape[0] >= 8 and not wide_registers()
+        kernels = (f16_row_pairs if pairs else f16_rows, f16_pair)
+        few_rows(kernels, (self.codes.view(np.int16),), x, out)
 
     def _decode_tile(self, t: int, w: np.ndarray) -> None:
         _decode_tile(self.codes.view(np.int16), t, w)

@@ -1,0 +1,53 @@
+"""The F16 few-row kernels' two forms (f16.py): f16_row_pairs, which AVX2 builds take from
+eight rows, gives f16_rows' bits, so which form a target takes changes no number."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s2core_numpy import plugin
+from s2core_numpy.plugin import MAX_BATCH_SEQUENCES
+
+pytestmark = pytest.mark.skipif(not plugin.numba_available(), reason="numba not installed")
+
+
+def _f16_matrix(n_out: int, n_in: int):
+    from s2core_numpy.f16 import F16Matrix
+    w = (np.random.default_rng(n_in).standard_normal((n_out, n_in)) * 0.05).astype(np.float16)
+    w.flat[:3] = [0.0, -0.0, 6e-8]  # zeros and a float16 subnormal
+    return F16Matrix.from_raw(w)
+
+
+@pytest.mark.parametrize("n_rows", [2, 4, 8, 12])
+@pytest.mark.parametrize("n_out,n_in", [(100, 96), (130, 2 * 2048 + 320)])
+def test_row_pairs_give_four_rows_bits(n_out, n_in, n_rows):
+    """Inputs within one span and across three (the last one short), outputs past a whole
+    tile: the same float32 bits as four rows of a tile (two rows: f16_pair), not zeros."""
+    from s2core_numpy import f16
+    assert n_in < f16.PAIR_SPAN or n_in % f16.PAIR_SPAN
+    m = _f16_matrix(n_out, n_in)
+    codes = m.codes.view(np.int16)
+    x = np.random.default_rng(n_rows).standard_normal((n_rows, n_in)).astype(np.float32)
+    width = codes.shape[0] * f16.TILE
+    four, pairs = (np.full((n_rows, width), np.nan, np.float32) for _ in range(2))
+    (f16.f16_pair if n_rows == 2 else f16.f16_rows)(codes, x, four)
+    f16.f16_row_pairs(codes, x, pairs)
+    np.testing.assert_array_equal(pairs, four)
+    assert np.abs(pairs[:, :n_out]).min() > 0
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["avx512-form", "avx2-form"])
+@pytest.mark.parametrize("n_rows", [7, 8, 9, MAX_BATCH_SEQUENCES])
+def test_each_targets_form_gives_each_row_its_one_row_product(monkeypatch, wide, n_rows):
+    """F16Matrix's products with either form chosen (wide_registers as each kind of CPU
+    answers): every row equals its one-row product bit for bit, and float64 within float32
+    rounding."""
+    from s2core_numpy import f16
+    monkeypatch.setattr(f16, "wide_registers", lambda: wide)
+    m = _f16_matrix(200, 2048 + 96)
+    x = np.random.default_rng(n_rows).standard_normal((n_rows, 2048 + 96)).astype(np.float32)
+    out = m(x)
+    np.testing.assert_array_equal(out, np.stack([m(x[r:r + 1])[0] for r in range(n_rows)]))
+    ref = x.astype(np.float64) @ m.dequantize().astype(np.float64).T
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
