@@ -2,6 +2,7 @@
 """The F16 few-row kernels' two forms against each other: what f16.wide_registers decides by.
 
     python benchmarks/f16_row_forms.py [--rows 2,4,8] [--reps 9] [--bytes 300e6]
+                                       [--shapes 9728x2560,...]
     NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=<machine.HASWELL> python benchmarks/f16_row_forms.py
 
 A batched decode step multiplies each F16 matrix (arithmetic "f32", the tiled layout of
@@ -13,8 +14,9 @@ up, its down, the attention's fused projection and its output) and each row coun
 the matrix whose sum passes L3 are streamed from memory by each form in turn, the order
 reversed every other repetition (kernel_rows.alternated_ms): the median time of each and
 pairs / four rows (two rows: pairs / f16_pair). The compiled target and the row count decide
-which form a model takes (f16.wide_registers); this measures both on it. Writes benchmarks/results/f16-row-forms-<date>-<time>-
-<machine tag>.json and .md with the CPU model and flags.
+which form a model takes (f16.wide_registers); this measures both on it. Writes
+benchmarks/results/f16-row-forms-<date>-<time>-<machine tag>.json and .md with the CPU model
+and flags.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def copies_of(shape: tuple[int, int], total_bytes: float, rng) -> list:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="2,4,8")
+    ap.add_argument("--shapes", default=",".join(f"{o}x{i}" for o, i in SHAPES),
+                    help="matrices as OUTxIN, comma-separated (S2 Pro's by default)")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--bytes", type=float, default=300e6,
                     help="bytes of copies streamed per shape (their sum must pass L3)")
@@ -62,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     from s2core_numpy import f16, simd
     rng = np.random.default_rng(0)
     results = []
-    for shape in SHAPES:
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes.split(",")]
+    for shape in shapes:
         mats = copies_of(shape, args.bytes, rng)
         for rows in (int(r) for r in args.rows.split(",")):
             x = rng.standard_normal((rows, shape[1])).astype(np.float32)

@@ -51,3 +51,26 @@ def test_each_targets_form_gives_each_row_its_one_row_product(monkeypatch, wide,
     np.testing.assert_array_equal(out, np.stack([m(x[r:r + 1])[0] for r in range(n_rows)]))
     ref = x.astype(np.float64) @ m.dequantize().astype(np.float64).T
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_the_benchmark_times_both_forms_and_records_the_machine(tmp_path):
+    """benchmarks/f16_row_forms.py on small shapes: a row for each shape and row count, with
+    both forms' times, their ratio, the target's pick and the CPU's flags."""
+    import json
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import f16_row_forms
+    from s2core_numpy import f16
+    assert f16_row_forms.main(["--shapes", "130x2400,64x96", "--rows", "2,8", "--reps", "3",
+                               "--bytes", "1e6", "--out", str(tmp_path)]) == 0
+    [written] = tmp_path.glob("f16-row-forms-*.json")
+    report = json.loads(written.read_text())
+    assert [(r["out"], r["in"], r["rows"]) for r in report["results"]] == [
+        (130, 2400, 2), (130, 2400, 8), (64, 96, 2), (64, 96, 8)]
+    for r in report["results"]:
+        assert r["four_rows_ms"] > 0 and r["pairs_ms"] > 0
+        assert r["pairs_over_four_rows"] == pytest.approx(r["pairs_ms"] / r["four_rows_ms"])
+    assert report["wide_registers"] == f16.wide_registers()
+    assert report["cpu_flags"]
+    assert written.with_suffix(".md").exists()
