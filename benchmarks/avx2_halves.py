@@ -26,7 +26,6 @@ or the variables above on an AVX-512 one). Writes benchmarks/results/avx2-halves
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -36,11 +35,9 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import write_report  # noqa: E402
 from kernel_rows import (add_streaming_options, alternated_ms, kernel_args,  # noqa: E402
-                         packed_copies, products_over)
+                         packed_copies, products_over, write_kernel_report)
 
-from s2core.benchmarking import machine  # noqa: E402
 
 BODIES = ("q8_0", "q4_k", "q6_k")
 
@@ -101,10 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"halves {ms['halves']:.4f} ms, {row['halves_over_side_by_side']:.2f}",
                       flush=True)
 
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "isa": simd.isa(),
-              "results": results, "machine": info, "cpu_model": machine.cpu_model(),
-              "cpu_flags": machine.cpu_flags(), "host_cpu": simd.host_cpu()}
     lines = ["AVX2 integer kernels by halves of the 16 output rows against side by side "
              f"(median ms of {args.reps} alternated reps; in cache 512 x 2560, from memory "
              f"{args.copies} copies of 9728 x 2560).", "",
@@ -113,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         lines.append(f"| {r['type']} | {r['place']} | {r['rows']} | {r['side_by_side_ms']:.4f} "
                      f"| {r['halves_ms']:.4f} | {r['halves_over_side_by_side']:.2f} |")
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "avx2-halves", machine.machine_tag(info), report, lines)
+    write_kernel_report(args.out, "avx2-halves", results, lines)
     return 0
 
 

@@ -22,7 +22,6 @@ and flags.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 import types
 from pathlib import Path
@@ -33,10 +32,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import write_report  # noqa: E402
-from kernel_rows import alternated_ms  # noqa: E402
-
-from s2core.benchmarking import machine  # noqa: E402
+from kernel_rows import alternated_ms, write_kernel_report  # noqa: E402
 
 #: S2 Pro's F16 matrices of a layer (out, in): gate and up, down, q/k/v fused, output
 SHAPES = ((9728, 2560), (2560, 9728), (6144, 2560), (2560, 4096))
@@ -89,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{shape[0]} x {shape[1]}, {rows} rows: four rows {ms['four_rows']:.3f} ms, "
                   f"pairs {ms['pairs']:.3f} ms, {row['pairs_over_four_rows']:.2f}", flush=True)
 
-    info = machine.describe()
     build = simd.isa() or "no integer kernels"
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "isa": simd.isa(),
-              "wide_registers": f16.wide_registers(), "results": results, "machine": info,
-              "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags(),
-              "host_cpu": simd.host_cpu()}
     lines = [f"F16 few-row kernels, pairs of rows by {f16.PAIR_OUTPUTS} outputs over spans of "
              f"{f16.PAIR_SPAN} inputs (f16_row_pairs) against four rows of a whole tile "
              f"(f16_rows; two rows: f16_pair); numba's target: {build} (a model here takes "
@@ -106,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['out']} x {r['in']} | {r['rows']} | {r['copies']} | "
                      f"{r['four_rows_ms']:.3f} | {r['pairs_ms']:.3f} | "
                      f"{r['pairs_over_four_rows']:.2f} |")
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "f16-row-forms", machine.machine_tag(info), report, lines)
+    write_kernel_report(args.out, "f16-row-forms", results, lines,
+                        wide_registers=f16.wide_registers())
     return 0
 
 

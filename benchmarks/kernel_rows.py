@@ -8,14 +8,19 @@ put the repository on sys.path."""
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
 import time
 import types
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from ab import write_report
+
+from s2core.benchmarking import machine
 from s2core.kit.blocks import random_blocks
 
 SHAPE = (9728, 2560)
@@ -28,6 +33,19 @@ def add_streaming_options(parser, results_dir, reps: int = 9) -> None:
     parser.add_argument("--copies", type=int, default=24,
                         help="copies of the 9728 x 2560 matrix streamed (their sum must pass L3)")
     parser.add_argument("--out", default=str(results_dir))
+
+
+def write_kernel_report(out, kind: str, results: list, lines: list[str], **extra) -> Path:
+    """A kernel benchmark's `results` beside what ran them: the time, numba's target
+    (simd.isa), the machine (its description, CPU model and flags, LLVM's name for the host
+    CPU) and `extra`; written as ab.write_report writes, the machine's summary after `lines`."""
+    from s2core_numpy import simd
+    info = machine.describe()
+    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "isa": simd.isa(),
+              "results": results, "machine": info, "cpu_model": machine.cpu_model(),
+              "cpu_flags": machine.cpu_flags(), "host_cpu": simd.host_cpu(), **extra}
+    return write_report(out, kind, machine.machine_tag(info), report,
+                        [*lines, "", *machine.summary_lines(info)])
 
 
 def packed_copies(name: str, copies: int, shape: tuple[int, int] = SHAPE) -> list:

@@ -24,7 +24,6 @@ q6-k-block-<date>-<time>-<machine tag>.json and .md with the CPU model and flags
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -34,11 +33,8 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import write_report  # noqa: E402
 from kernel_rows import (add_streaming_options, alternated_ms, kernel_args,  # noqa: E402
-                         packed_copies, products_over)
-
-from s2core.benchmarking import machine  # noqa: E402
+                         packed_copies, products_over, write_kernel_report)
 
 
 def with_block(body):
@@ -89,10 +85,6 @@ def main(argv: list[str] | None = None) -> int:
             results.append(row)
             print(place, rows, {k: round(v, 4) for k, v in ms.items()}, flush=True)
 
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "isa": simd.isa(),
-              "results": results, "machine": info, "cpu_model": machine.cpu_model(),
-              "cpu_flags": machine.cpu_flags(), "host_cpu": simd.host_cpu()}
     lines = [f"Q6_K products of several rows ({simd.isa()}; median ms of {args.reps} alternated "
              f"reps; in cache 512 x 2560, from memory {args.copies} copies of 9728 x 2560): "
              "the block kernel by quarters and by sub-block, and one row a call; their ratios "
@@ -105,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['place']} | {r['rows']} | {q:.4f} | {r['by_sub_block_ms']:.4f} | "
                      + (f"{one:.4f}" if one else "-") + f" | {r['by_sub_block_ms'] / q:.2f} | "
                      + (f"{one / q:.2f}" if one else "-") + " |")
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "q6-k-block", machine.machine_tag(info), report, lines)
+    write_kernel_report(args.out, "q6-k-block", results, lines)
     return 0
 
 
