@@ -373,7 +373,8 @@ def wide_registers() -> bool:
     build's pairs take 0.76-0.89x f16_rows' time at 8 rows (two more runs that day:
     0.75-0.93x), but 1.04-1.25x at 4 and 1.09-1.24x at 2 (where f16_rows' second pass over
     a tile's inputs costs nothing), hence only from eight rows; the VNNI build's pairs take
-    1.23-1.95x, hence only without AVX-512."""
+    1.23-1.95x, hence only without AVX-512. (ARM's NEON, 32 registers of 4, is not measured;
+    it takes pairs too: four rows of a tile would need 64.)"""
     from .simd import target_features
     return "avx512f" in target_features()
 
