@@ -9,6 +9,7 @@ each in a fresh process, under the same drift."""
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import statistics
@@ -63,3 +64,17 @@ def write_report(out: str | Path, kind: str, tag: str, report: dict, lines: list
     print("\n".join(lines))
     print(f"\nwrote {stem}.json, .md")
     return stem
+
+
+def write_machine_report(out: str | Path, kind: str, report: dict, lines: list[str],
+                         tag_prefix: str = "") -> Path:
+    """`report` and its tables `lines` with what every benchmark records of the machine it
+    ran on: the time (which names the file), machine.describe(), the CPU model and flags;
+    written by write_report as out/<kind>-<when>-<tag_prefix><machine tag>, the machine's
+    summary after `lines`."""
+    from s2core.benchmarking import machine  # the running tree's, imported when it reports
+    info = machine.describe()
+    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), **report, "machine": info,
+              "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags()}
+    return write_report(out, kind, tag_prefix + machine.machine_tag(info), report,
+                        [*lines, "", *machine.summary_lines(info)])

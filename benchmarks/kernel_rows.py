@@ -8,7 +8,6 @@ put the repository on sys.path."""
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 import time
 import types
@@ -18,9 +17,8 @@ from typing import Callable
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from ab import write_report
+from ab import write_machine_report
 
-from s2core.benchmarking import machine
 from s2core.kit.blocks import random_blocks
 
 SHAPE = (9728, 2560)
@@ -36,16 +34,11 @@ def add_streaming_options(parser, results_dir, reps: int = 9) -> None:
 
 
 def write_kernel_report(out, kind: str, results: list, lines: list[str], **extra) -> Path:
-    """A kernel benchmark's `results` beside what ran them: the time, numba's target
-    (simd.isa), the machine (its description, CPU model and flags, LLVM's name for the host
-    CPU) and `extra`; written as ab.write_report writes, the machine's summary after `lines`."""
+    """A kernel benchmark's `results` and `extra` beside numba's target (simd.isa) and LLVM's
+    name for the host CPU, with what ab.write_machine_report records of the machine."""
     from s2core_numpy import simd
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "isa": simd.isa(),
-              "results": results, "machine": info, "cpu_model": machine.cpu_model(),
-              "cpu_flags": machine.cpu_flags(), "host_cpu": simd.host_cpu(), **extra}
-    return write_report(out, kind, machine.machine_tag(info), report,
-                        [*lines, "", *machine.summary_lines(info)])
+    return write_machine_report(out, kind, {"isa": simd.isa(), "results": results,
+                                            "host_cpu": simd.host_cpu(), **extra}, lines)
 
 
 def packed_copies(name: str, copies: int, shape: tuple[int, int] = SHAPE) -> list:

@@ -22,7 +22,6 @@ model and flags; NUMBA_CPU_NAME and NUMBA_CPU_FEATURES set to HASWELL's measure 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import importlib.util
 import statistics
@@ -36,7 +35,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import paired_ratio, revision, write_report  # noqa: E402
+from ab import paired_ratio, revision, write_machine_report  # noqa: E402
 from kernel_rows import multiplying_with  # noqa: E402
 from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
@@ -125,11 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         prefill = {"positions": args.prefill, "runs": prefills,
                    "ms": {w: statistics.median(v) * 1e3 for w, v in prefills.items()},
                    **paired_ratio(prefills[names[0]], prefills[names[1]])}
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
+    report = {"args": vars(args),
               "against": names[1], "rows": rows, "prefill": prefill,
               "runs": {f"{b} {w}": v for (b, w), v in times.items()},
-              "machine": info, "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags(),
               "numba_target": machine.numba_target()}
     lines = [f"The integer kernels of this tree against {names[1]}'s inside the server "
              f"({args.type}, 4 layers, NumPy), alternated in one process: median over "
@@ -150,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{prefill['ms'][names[1]]:.0f} ms; this tree / {names[1]} "
                   f"{prefill['ratio']:.3f} ({prefill['ratio_range'][0]:.2f}-"
                   f"{prefill['ratio_range'][1]:.2f})."]
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "kernels-ab", f"{args.type}-{machine.machine_tag(info)}", report,
-                 lines)
+    write_machine_report(args.out, "kernels-ab", report, lines, tag_prefix=f"{args.type}-")
     return 0
 
 

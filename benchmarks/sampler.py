@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import statistics
 import sys
 import time
@@ -32,10 +31,9 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import paired_ratio, write_report  # noqa: E402
+from ab import paired_ratio, write_machine_report  # noqa: E402
 from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
-from s2core.benchmarking import machine  # noqa: E402
 from s2core.generation import frame, sampler_kernels, sampling  # noqa: E402
 
 WAYS = {"compiled": (sampler_kernels.descending, sampler_kernels.sequential_sum),
@@ -140,11 +138,9 @@ def main(argv: list[str] | None = None) -> int:
              "ms_per_frame": {w: statistics.median(times[(b, w)]) * 1e3 for w in WAYS},
              "draws_ms_per_frame": {w: statistics.median(drawing[(b, w)]) * 1e3 for w in WAYS},
              **paired_ratio(times[(b, "compiled")], times[(b, "numpy")])} for b in sizes]
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
+    report = {"args": vars(args),
               "alone_us": alone, "rows": rows,
-              "runs": {f"{b} {w}": v for (b, w), v in times.items()},
-              "machine": info, "cpu_model": machine.cpu_model(), "cpu_flags": machine.cpu_flags()}
+              "runs": {f"{b} {w}": v for (b, w), v in times.items()}}
     lines = ["The sampler's passes over the vocabulary compiled (sampler_kernels.py) against "
              "NumPy's, alternated in one process.", "",
              "One draw over 4096 logits (median us, 15 alternated runs of 200):", "",
@@ -163,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['sequences']} | {t['compiled']:.1f} | {t['numpy']:.1f} | "
                      f"{r['ratio']:.3f} ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}) | "
                      f"{d['compiled']:.2f} | {d['numpy']:.2f} |")
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "sampler", f"{args.type}-{machine.machine_tag(info)}", report, lines)
+    write_machine_report(args.out, "sampler", report, lines, tag_prefix=f"{args.type}-")
     return 0
 
 

@@ -18,7 +18,6 @@ with the CPU model and flags.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import statistics
 import sys
 from pathlib import Path
@@ -28,10 +27,9 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from ab import paired_ratio, write_report  # noqa: E402
+from ab import paired_ratio, write_machine_report  # noqa: E402
 from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
-from s2core.benchmarking import machine  # noqa: E402
 
 ARITHMETICS = ("ggml", "f32")
 
@@ -61,12 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     # seconds ggml / f32 of each round's neighbouring runs: frames a second f32 / ggml
     ratio = {b: paired_ratio(seconds[("ggml", b)], seconds[("f32", b)])["ratio"] for b in sizes}
     gains = {a: {b: fps[a][b] / fps[a][sizes[0]] for b in sizes} for a in ARITHMETICS}
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
+    report = {"args": vars(args),
               "seconds_per_frame": {f"{a} {b}": v for (a, b), v in seconds.items()},
-              "frames_per_second": fps, "f32_over_ggml": ratio, "gains": gains,
-              "machine": info, "cpu_model": machine.cpu_model(),
-              "cpu_flags": machine.cpu_flags()}
+              "frames_per_second": fps, "f32_over_ggml": ratio, "gains": gains}
     lines = [f"Served frames a second, {args.type} (4 S2 Pro layers, NumPy), arithmetic "
              f"\"ggml\" against \"f32\", alternated over {args.rounds} rounds of "
              f"{args.frames} frames: medians, and the median of the rounds' ratios.", "",
@@ -75,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in sizes:
         lines.append(f"| {b} | {fps['ggml'][b]:.2f} | {fps['f32'][b]:.2f} | {ratio[b]:.2f}x | "
                      f"{gains['ggml'][b]:.2f}x | {gains['f32'][b]:.2f}x |")
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "served-arithmetic", f"{args.type}-{machine.machine_tag(info)}",
-                 report, lines)
+    write_machine_report(args.out, "served-arithmetic", report, lines, tag_prefix=f"{args.type}-")
     return 0
 
 

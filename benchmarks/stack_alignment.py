@@ -25,7 +25,6 @@ the AVX2 build, whose 16 registers make both spill.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ for path in (ROOT, ROOT / "backends"):  # a checkout that is not pip-installed
         sys.path.insert(0, str(path))
 
 import numpy as np  # noqa: E402
-from ab import write_report  # noqa: E402
+from ab import write_machine_report  # noqa: E402
 
 from s2core.benchmarking import machine  # noqa: E402
 
@@ -142,10 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"kernel": name, "us_by_pad": us,
                      "spread": {w: max(v.values()) / min(v.values()) for w, v in us.items()}})
 
-    info = machine.describe()
-    report = {"when": dt.datetime.now().strftime("%Y%m%d-%H%M"), "args": vars(args),
-              "rows": rows, "machine": info, "cpu_model": machine.cpu_model(),
-              "cpu_flags": machine.cpu_flags(), "numba_target": machine.numba_target()}
+    report = {"args": vars(args), "rows": rows, "numba_target": machine.numba_target()}
     head = " | ".join(f"+{pad} B" for pad in PADS)
     lines = [f"A kernel's time by the place of its caller's frame (moved by 0-64 bytes; one "
              f"thread; {args.rows} rows of a 512 x 2560 matrix in cache; median us a call over "
@@ -159,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = " | ".join(f"{us[pad]:.0f}" for pad in PADS)
             label = "cache line" if way == "aligned" else "element (4 bytes)"
             lines.append(f"| {r['kernel']} | {label} | {cells} | {r['spread'][way]:.2f} |")
-    lines += ["", *machine.summary_lines(info)]
-    write_report(args.out, "stack-alignment", f"{args.rows}rows-{machine.machine_tag(info)}",
-                 report, lines)
+    write_machine_report(args.out, "stack-alignment", report, lines, tag_prefix=f"{args.rows}rows-")
     return 0
 
 
