@@ -325,6 +325,8 @@ PAIR_OUTPUTS = 32
 #: inputs of a tile f16_row_pairs takes at a time, all its passes over them before the next
 #: ones: 2048 inputs of a tile are 256 KB, so every pass after the first reads them from L2
 PAIR_SPAN = 2048
+#: rows from which targets without wide_registers take f16_row_pairs (its measurements)
+PAIRS_FROM_ROWS = 8
 
 
 @njit(parallel=True, cache=True, fastmath={"contract"})
@@ -397,7 +399,7 @@ class F16Matrix(TiledMatrix):
         _matvec_tiles(self.codes.view(np.int16), x, out)
 
     def _matmul(self, x: np.ndarray, out: np.ndarray) -> None:
-        pairs = x.shape[0] >= 8 and not wide_registers()
+        pairs = x.shape[0] >= PAIRS_FROM_ROWS and not wide_registers()
         kernels = (f16_row_pairs if pairs else f16_rows, f16_pair)
         few_rows(kernels, (self.codes.view(np.int16),), x, out)
 
