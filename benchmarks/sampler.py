@@ -1,19 +1,26 @@
 #!/usr/bin/env python
-"""The sampler's two passes over the vocabulary compiled (s2core/generation/sampler_kernels.py)
-against NumPy's, alternated in one process: alone, and inside the server.
+"""The sampler's ways of drawing a batch's codes, alternated in one process: alone, and
+inside the server.
 
     python benchmarks/sampler.py [--type q4_k_m] [--sizes 1,8] [--rounds 5] [--frames 12]
 
-Alone: one draw (sampling.candidates then draw, s2.cpp's defaults top_p 0.8, top_k 30,
-temperature 0.8) over 4096 float32 logits, flat (standard normal x 3, as the bench's
-random-weight models give) and peaked (x 12), the two ways in turn. Served: one NumPy model
-of the bench's 4-layer file of `--type` serving 1 and 8 requests (served_frames.ServedFrames),
-switched between the ways between runs of `--frames` frames, the order reversed every other
-round; reports each way's ms a frame, the time its draws took a frame (FrameRule's main-token
-and code draws, timed around the calls), and the paired ratio. Both ways give the same
-numbers (tests/test_sampler_kernels.py); checked here on every logits vector drawn alone.
-Writes benchmarks/results/sampler-<date>-<time>-<type>-<machine tag>.json and .md with the
-CPU model and flags.
+The ways (every one gives the same numbers: tests/test_sampler_kernels.py, and checked here
+on every block of logits drawn alone):
+- "rows": what the server does, sampling.candidates_rows, each compiled pass once for all of
+  a codebook's rows, the rows spread over the cores (s2core/generation/sampler_compiled.py);
+- "one at a time": sampling.candidates row after row with the compiled one-row passes (the
+  server's way before candidates_rows);
+- "numpy": the same with NumPy's passes (sampler_kernels.descending_numpy, ...).
+
+Alone: the candidates and draws of B rows (each size of --sizes) of 4096 float32 logits, flat
+(standard normal x 3, as the bench's random-weight models give) and peaked (x 12), s2.cpp's
+defaults (top_p 0.8, top_k 30, temperature 0.8), the ways in turn. Served: one NumPy model
+of the bench's 4-layer file of `--type` serving each size of requests
+(served_frames.ServedFrames), switched between the ways between runs of `--frames` frames,
+the order reversed every other round; reports each way's ms a frame, the time its draws took
+a frame (FrameRule.sample_main's main tokens and the codes' draws, timed around the calls),
+and each way's paired ratio to "rows". Writes benchmarks/results/sampler-<date>-<time>-<type>-
+<machine tag>.json and .md with the CPU model and flags.
 """
 
 from __future__ import annotations
@@ -35,33 +42,44 @@ from ab import paired_ratio, write_machine_report  # noqa: E402
 from served_frames import ServedFrames, add_served_options, sizes_of  # noqa: E402
 
 from s2core.generation import frame, sampler_kernels, sampling  # noqa: E402
+from s2core.serving import request  # noqa: E402
 
-WAYS = {"compiled": (sampler_kernels.descending, sampler_kernels.sequential_sum),
-        "numpy": (sampler_kernels.descending_numpy, sampler_kernels.sequential_sum_numpy)}
+def one_at_a_time(logits, top_p, top_k):
+    """candidates_rows' result, sampling.candidates row after row."""
+    return [sampling.candidates(row, p, k) for row, p, k in zip(logits, top_p, top_k)]
+
+
+#: each way's (frame.candidates_rows, sampling.descending, sampling.sequential_sum)
+WAYS = {"rows": (sampling.candidates_rows, sampler_kernels.descending,
+                 sampler_kernels.sequential_sum),
+        "one at a time": (one_at_a_time, sampler_kernels.descending,
+                          sampler_kernels.sequential_sum),
+        "numpy": (one_at_a_time, sampler_kernels.descending_numpy,
+                  sampler_kernels.sequential_sum_numpy)}
 
 
 @contextlib.contextmanager
-def passes(way: str):
-    """candidates() with `way`'s two passes."""
-    saved = sampling.descending, sampling.sequential_sum
-    sampling.descending, sampling.sequential_sum = WAYS[way]
+def way_of(name: str):
+    """The server's draws (frame.draw_codes) and candidates() taken `name`'s way."""
+    saved = frame.candidates_rows, sampling.descending, sampling.sequential_sum
+    frame.candidates_rows, sampling.descending, sampling.sequential_sum = WAYS[name]
     try:
         yield
     finally:
-        sampling.descending, sampling.sequential_sum = saved
+        frame.candidates_rows, sampling.descending, sampling.sequential_sum = saved
 
 
 class DrawClock:
-    """Seconds spent in FrameRule's draws (main tokens and codes) while installed."""
+    """Seconds spent in the server's draws (main tokens and codes) while installed."""
 
     def __init__(self):
         self.seconds = 0.0
         self._saved = {}
 
     def __enter__(self):
-        for name in ("sample_main", "draw_code"):
-            original = getattr(frame.FrameRule, name)
-            self._saved[name] = original
+        for owner, name in ((frame.FrameRule, "sample_main"), (request, "draw_codes")):
+            original = getattr(owner, name)
+            self._saved[(owner, name)] = original
 
             def timed(*args, _original=original, **kwargs):
                 t = time.perf_counter()
@@ -69,34 +87,39 @@ class DrawClock:
                     return _original(*args, **kwargs)
                 finally:
                     self.seconds += time.perf_counter() - t
-            setattr(frame.FrameRule, name, timed)
+            setattr(owner, name, timed)
         return self
 
     def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(frame.FrameRule, name, original)
+        for (owner, name), original in self._saved.items():
+            setattr(owner, name, original)
 
 
-def one_draw_us(logits: np.ndarray, reps: int) -> dict[str, float]:
-    """Median microseconds of one draw each way, alternated; the ways' candidates equal."""
+def draws_us(logits: np.ndarray, reps: int) -> dict[str, float]:
+    """Median microseconds of the candidates and draws of logits' rows each way, alternated;
+    the ways' candidates equal."""
     rng = np.random.default_rng(0)
+    n = logits.shape[0]
+    settings = ([0.8] * n, [30] * n)
     kept = {}
-    for way in WAYS:
-        with passes(way):
-            c = sampling.candidates(logits, 0.8, 30)
-            kept[way] = (c.ids, c.logits)
-    (ids, values), (ids2, values2) = kept.values()
-    assert np.array_equal(ids, ids2) and np.array_equal(values, values2), "the ways differ"
-    times: dict[str, list[float]] = {way: [] for way in WAYS}
+    for name in WAYS:
+        with way_of(name):
+            kept[name] = [(c.ids, c.logits) for c in frame.candidates_rows(logits, *settings)]
+    first = kept["rows"]
+    for name, other in kept.items():
+        assert all(np.array_equal(a, c) and np.array_equal(b, d)
+                   for (a, b), (c, d) in zip(first, other)), f"{name} differs from rows"
+    times: dict[str, list[float]] = {name: [] for name in WAYS}
     order = list(WAYS)
     for k in range(reps):
-        for way in order if k % 2 == 0 else order[::-1]:
-            with passes(way):
+        for name in order if k % 2 == 0 else order[::-1]:
+            with way_of(name):
                 t = time.perf_counter()
-                for _ in range(200):
-                    sampling.draw(sampling.candidates(logits, 0.8, 30), 0.8, rng)
-                times[way].append((time.perf_counter() - t) / 200 * 1e6)
-    return {way: statistics.median(v) for way, v in times.items()}
+                for _ in range(100):
+                    for c in frame.candidates_rows(logits, *settings):
+                        sampling.draw(c, 0.8, rng)
+                times[name].append((time.perf_counter() - t) / 100 * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     rng = np.random.default_rng(1)
-    alone = {name: one_draw_us((rng.standard_normal(4096) * scale).astype(np.float32), 15)
-             for name, scale in (("flat", 3.0), ("peaked", 12.0))}
+    alone = {(name, b): draws_us((rng.standard_normal((b, 4096)) * scale).astype(np.float32),
+                                 15)
+             for name, scale in (("flat", 3.0), ("peaked", 12.0)) for b in sizes}
 
     served = ServedFrames(args.type, args.frames, max(sizes))
     times = {(b, way): [] for b in sizes for way in WAYS}
@@ -118,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for b in sizes:  # warm-up: compilation, first touches
             for way in WAYS:
-                with passes(way):
+                with way_of(way):
                     served.seconds_per_frame(b)
         order = list(WAYS)
         for k in range(args.rounds):
             for b in sizes:
                 for way in order if k % 2 == 0 else order[::-1]:
                     clock = DrawClock()
-                    with passes(way):
+                    with way_of(way):
                         # the clock starts with the timed frames (admission's draws left out)
                         seconds = served.seconds_per_frame(b, before_timing=clock.__enter__)
                     clock.__exit__()
@@ -137,28 +161,36 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"sequences": b,
              "ms_per_frame": {w: statistics.median(times[(b, w)]) * 1e3 for w in WAYS},
              "draws_ms_per_frame": {w: statistics.median(drawing[(b, w)]) * 1e3 for w in WAYS},
-             **paired_ratio(times[(b, "compiled")], times[(b, "numpy")])} for b in sizes]
+             "against_rows": {w: paired_ratio(times[(b, w)], times[(b, "rows")])
+                              for w in WAYS if w != "rows"}} for b in sizes]
     report = {"args": vars(args),
-              "alone_us": alone, "rows": rows,
+              "alone_us": [{"logits": name, "rows": b, **us} for (name, b), us in alone.items()],
+              "rows": rows,
               "runs": {f"{b} {w}": v for (b, w), v in times.items()}}
-    lines = ["The sampler's passes over the vocabulary compiled (sampler_kernels.py) against "
-             "NumPy's, alternated in one process.", "",
-             "One draw over 4096 logits (median us, 15 alternated runs of 200):", "",
-             "| logits | compiled us | NumPy us | compiled / NumPy |", "|---|---:|---:|---:|"]
-    for name, us in alone.items():
-        lines.append(f"| {name} | {us['compiled']:.1f} | {us['numpy']:.1f} | "
-                     f"{us['compiled'] / us['numpy']:.2f} |")
+    others = [w for w in WAYS if w != "rows"]
+    lines = ["The sampler's ways of drawing a batch's codes (benchmarks/sampler.py), alternated "
+             "in one process.", "",
+             "The candidates and draws of B rows of 4096 logits (median us, 15 alternated runs "
+             "of 100):", "",
+             "| logits | rows | " + " | ".join(f"{w} us" for w in WAYS) + " | "
+             + " | ".join(f"{w} / rows" for w in others) + " |",
+             "|---|---:|" + "---:|" * (len(WAYS) + len(others))]
+    for (name, b), us in alone.items():
+        lines.append(f"| {name} | {b} | " + " | ".join(f"{us[w]:.1f}" for w in WAYS) + " | "
+                     + " | ".join(f"{us[w] / us['rows']:.2f}" for w in others) + " |")
     lines += ["", f"Served ({args.type}, 4 layers, NumPy; median over {args.rounds} rounds of "
-              f"{args.frames} frames; the ratio is the median of the rounds' own, with its "
+              f"{args.frames} frames; a ratio is the median of the rounds' own, with its "
               "range):", "",
-              "| sequences | compiled ms a frame | NumPy ms a frame | compiled / NumPy (range) | "
-              "draws compiled ms a frame | draws NumPy ms a frame |",
-              "|---:|---:|---:|---:|---:|---:|"]
+              "| sequences | " + " | ".join(f"{w} ms a frame" for w in WAYS) + " | "
+              + " | ".join(f"{w} / rows (range)" for w in others) + " | "
+              + " | ".join(f"draws {w} ms a frame" for w in WAYS) + " |",
+              "|---:|" + "---:|" * (2 * len(WAYS) + len(others))]
     for r in rows:
-        t, d = r["ms_per_frame"], r["draws_ms_per_frame"]
-        lines.append(f"| {r['sequences']} | {t['compiled']:.1f} | {t['numpy']:.1f} | "
-                     f"{r['ratio']:.3f} ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}) | "
-                     f"{d['compiled']:.2f} | {d['numpy']:.2f} |")
+        t, d, a = r["ms_per_frame"], r["draws_ms_per_frame"], r["against_rows"]
+        lines.append(f"| {r['sequences']} | " + " | ".join(f"{t[w]:.1f}" for w in WAYS) + " | "
+                     + " | ".join(f"{a[w]['ratio']:.3f} ({a[w]['ratio_range'][0]:.2f}-"
+                                  f"{a[w]['ratio_range'][1]:.2f})" for w in others) + " | "
+                     + " | ".join(f"{d[w]:.2f}" for w in WAYS) + " |")
     write_machine_report(args.out, "sampler", report, lines, tag_prefix=f"{args.type}-")
     return 0
 

@@ -15,12 +15,13 @@ Per frame, every draw from the synthesis's one generator comes in this order:
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numpy as np
 
 from s2core.generation.config import GenerationConfig, GenerationStats, Sampling
 from s2core.contract.inputs import LogitRows, pick_logit_rows
-from s2core.generation.sampling import candidates, draw
+from s2core.generation.sampling import candidates, candidates_rows, draw
 
 
 class _MainSampler:
@@ -51,8 +52,10 @@ class _MainSampler:
 
 
 def _finite(logits: np.ndarray) -> np.ndarray:
+    """The Fast-AR's logits (B, codebook_size) as float32; an error if a row holds a NaN or
+    no finite value."""
     x = np.asarray(logits, dtype=np.float32)
-    if np.isnan(x).any() or not np.isfinite(x).any():
+    if np.isnan(x).any() or not np.isfinite(x).any(axis=-1).all():
         raise FloatingPointError("the Fast-AR's logits are NaN or all infinite")
     return x
 
@@ -104,9 +107,21 @@ class FrameRule:
 
     def draw_code(self, fast_logits: np.ndarray) -> int:
         """Step 3: the next code from the Fast-AR's logits."""
-        t = time.perf_counter()
-        s = self._config.codes
-        code = int(draw(candidates(_finite(fast_logits), s.top_p, s.top_k), s.temperature,
-                        self._rng))
-        self._stats.code_sample_s += time.perf_counter() - t
-        return code
+        return draw_codes([self], np.asarray(fast_logits)[None])[0]
+
+
+def draw_codes(rules: Sequence[FrameRule], fast_logits: np.ndarray) -> list[int]:
+    """Step 3 of several syntheses at once: rules[b]'s next code from row b of the Fast-AR's
+    logits (B, codebook_size), each the code rules[b].draw_code would draw from it (its own
+    settings and generator); the rows' candidates are computed together
+    (sampling.candidates_rows). Each synthesis's code_sample_s gets the call's time, as its
+    fast_decode_s gets the batch's Fast-AR time."""
+    t = time.perf_counter()
+    logits = _finite(fast_logits)
+    settings = [r._config.codes for r in rules]
+    kept = candidates_rows(logits, [s.top_p for s in settings], [s.top_k for s in settings])
+    codes = [int(draw(c, s.temperature, r._rng)) for c, s, r in zip(kept, settings, rules)]
+    dt = time.perf_counter() - t
+    for r in rules:
+        r._stats.code_sample_s += dt
+    return codes

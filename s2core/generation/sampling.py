@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from s2core.contract.inputs import is_integer
 from s2core.errors import InvalidInputError
+from s2core.generation import sampler_kernels
 from s2core.generation.sampler_kernels import descending, sequential_sum
 
 #: s2.cpp's SamplerParams / GenerateParams defaults
@@ -79,6 +80,30 @@ def candidates(logits: np.ndarray, top_p: float, top_k: int) -> Candidates:
     ties_and_above = np.flatnonzero(logits >= sorted_logits[keep - 1])
     ids = ties_and_above[np.argsort(-logits[ties_and_above], kind="stable")[:keep]]
     return Candidates(ids.astype(np.int64), sorted_logits[:keep])
+
+
+def candidates_rows(logits: np.ndarray, top_p: Sequence[float],
+                    top_k: Sequence[int]) -> list[Candidates]:
+    """candidates(logits[b], top_p[b], top_k[b]) for every row of logits (B, V; validated
+    float32 rows, each with a finite value): the same Candidates. Where numba is installed
+    each pass runs once for all rows, the rows spread over the cores (sampler_compiled.py):
+    a batch's draws of a codebook come between two Fast-AR calls, which wait for them."""
+    passes = sampler_kernels.compiled()
+    if passes is None:
+        return [candidates(row, p, k) for row, p, k in zip(logits, top_p, top_k)]
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    n_rows = logits.shape[0]
+    ordered = np.empty_like(logits)
+    counts = np.empty(n_rows, np.int64)
+    passes.descending_rows(logits, ordered, counts)
+    # candidates' terms, NumPy's exp of every row at once (-inf past a row's count: 0)
+    terms = np.exp(ordered - ordered[:, :1])
+    p = np.array([min(max(v, 0.0), 1.0) for v in top_p], np.float32)
+    keep = np.empty(n_rows, np.int64)
+    ids = np.empty(logits.shape, np.int64)
+    passes.kept_rows(logits, ordered, terms, counts, p, np.asarray(top_k, np.int64), keep, ids)
+    return [Candidates(ids[b, :keep[b]].copy(), ordered[b, :keep[b]].copy())
+            for b in range(n_rows)]
 
 
 def draw(c: Candidates, temperature: float, rng: np.random.Generator) -> int:

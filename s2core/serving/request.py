@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from s2core.generation.config import GenerationConfig, GenerationStats
-from s2core.generation.frame import FrameRule
+from s2core.generation.frame import FrameRule, draw_codes
 
 if TYPE_CHECKING:
     from s2core.runtime.prefix import KVPrefix
@@ -107,10 +107,6 @@ class Request:
         self._main, self.codes_so_far = self._rule.begin_frame(self._main, self._logits,
                                                                len(self.frames))
 
-    def add_code(self, fast_logits: np.ndarray) -> None:
-        """The next code from the Fast-AR's logits for this request's row."""
-        self.codes_so_far.append(self._rule.draw_code(fast_logits))
-
     def end_frame(self) -> np.ndarray:
         """The frame is complete: hand it out; the request ends at max_new_tokens, or when
         on_frame returns False."""
@@ -146,3 +142,11 @@ class Request:
             self.stats.stopped_by = why
             self.stats.total_s = time.perf_counter() - self._t_start
             self.error = error
+
+
+def add_codes(requests: Sequence[Request], fast_logits: np.ndarray) -> None:
+    """Each request's next code from its row of the Fast-AR's logits (B, codebook_size), the
+    rows drawn together (frame.draw_codes)."""
+    codes = draw_codes([r._rule for r in requests], fast_logits)
+    for r, code in zip(requests, codes):
+        r.codes_so_far.append(code)

@@ -49,7 +49,7 @@ from s2core.errors import CacheAllocationError, CacheOverflowError, InvalidInput
 from s2core.generation.config import GenerationConfig
 from s2core.generation.loop import check_prompt
 from s2core.runtime.model import SlowARModel
-from s2core.serving.request import CANCELLED, FAILED, Request
+from s2core.serving.request import CANCELLED, FAILED, Request, add_codes
 
 if TYPE_CHECKING:
     from s2core.runtime.prefix import KVPrefix
@@ -233,8 +233,7 @@ class Server:
         hiddens = [self.model.backend.to_numpy(r.hidden) for r in running]
         for _ in range(1, self.hparams.num_codebooks):
             logits = self.batched.fast_decode(hiddens, [r.codes_so_far for r in running])
-            for r, row in zip(running, logits):
-                r.add_code(row)
+            add_codes(running, logits)
         dt = time.perf_counter() - t
         for r in running:
             r.stats.fast_decode_s.append(dt)
