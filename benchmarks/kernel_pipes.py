@@ -28,6 +28,7 @@ and flags.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shutil
 import subprocess
@@ -92,6 +93,19 @@ def counts(body: list[str], dot: str) -> dict:
                                   for m, line in zip(mnemonics, body))}
 
 
+@functools.cache
+def dot_rthroughput(mcpu: str, dot: str) -> float:
+    """The model's reciprocal throughput of one `dot` instruction on `mcpu` (NaN if it gives
+    none): the cycles a dot instruction alone takes on its pipes."""
+    operands = "%ymm1, %ymm2, %ymm3" if dot == "vpmaddubsw" else "%zmm1, %zmm2, %zmm3"
+    run = subprocess.run([shutil.which("llvm-mca"), f"-mcpu={mcpu}", "-iterations=1",
+                          "-resource-pressure=0", "-instruction-info=1", "-"],
+                         input=f"{dot} {operands}\n", capture_output=True, text=True)
+    # the column after the latency
+    info = re.search(rf"^\s*\d+\s+\d+\s+([\d.]+)\s.*{dot}", run.stdout, re.M)
+    return float(info.group(1)) if info else float("nan")
+
+
 def pipe_model(body: list[str], mcpu: str, dot: str) -> dict | str:
     """llvm-mca's figures for the body run as a loop on `mcpu`, or why there are none."""
     mca = shutil.which("llvm-mca")
@@ -102,18 +116,12 @@ def pipe_model(body: list[str], mcpu: str, dot: str) -> dict | str:
         f.flush()
         run = subprocess.run([mca, f"-mcpu={mcpu}", "-iterations=20", f.name],
                              capture_output=True, text=True)
-        single = subprocess.run([mca, f"-mcpu={mcpu}", "-iterations=1", "-resource-pressure=0",
-                                 "-instruction-info=1", "-"], input=f"{dot} %ymm1, %ymm2, %ymm3\n"
-                                if dot == "vpmaddubsw" else f"{dot} %zmm1, %zmm2, %zmm3\n",
-                                capture_output=True, text=True)
     if run.returncode != 0 or "not a recognized processor" in run.stderr:
         return f"llvm-mca has no model of {mcpu!r}: {run.stderr.strip()[:200]}"
     cycles = int(re.search(r"Total Cycles:\s+(\d+)", run.stdout).group(1)) / 20
     busiest = float(re.search(r"Block RThroughput:\s+([\d.]+)", run.stdout).group(1))
-    # the dot instruction's reciprocal throughput: the column after its latency
-    info = re.search(rf"^\s*\d+\s+\d+\s+([\d.]+)\s.*{dot}", single.stdout, re.M)
-    dot_cycles = float(info.group(1)) if info else float("nan")
-    return {"cycles": cycles, "busiest_pipe_cycles": busiest, "dot_rthroughput": dot_cycles}
+    return {"cycles": cycles, "busiest_pipe_cycles": busiest,
+            "dot_rthroughput": dot_rthroughput(mcpu, dot)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -514,7 +514,7 @@ def _q4_k(e: Emitter, ptrs, at, rows) -> None:
                 # had 220 vector instructions with a stack operand, 50 with it; llvm-mca's Zen
                 # 3 model 662 -> 625 cycles: benchmarks/kernel_pipes.py). Four and eight rows
                 # of the Haswell build, alternated (ad hoc): in cache 0.90-0.95x the time,
-                # 9728 x 2560 from memory 0.87-0.98x.
+                # 9728 x 2560 from memory 0.87-0.98x (a first, shorter run: up to 1.02x).
                 memory_barrier(b, tuple(v for sums in s_low + s_high for v in sums))
             sc_low, sc_high = scale_min(2 * chunk)[0], scale_min(2 * chunk + 1)[0]
             for r in range(n):

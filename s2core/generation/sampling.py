@@ -57,6 +57,11 @@ class Candidates:
         return z / sequential_sum(z)
 
 
+def clamped_top_p(top_p: float) -> np.float32:
+    """top_p as step 2 compares it: clamped to [0, 1], float32."""
+    return np.float32(min(max(top_p, 0.0), 1.0))
+
+
 def candidates(logits: np.ndarray, top_p: float, top_k: int) -> Candidates:
     """Steps 1 and 2 on validated float32 logits with at least one finite value."""
     # The sums need every logit in descending order, but only values: equal logits are
@@ -69,7 +74,7 @@ def candidates(logits: np.ndarray, top_p: float, top_k: int) -> Candidates:
     # the walk stops by item n: the running sum of the first n probabilities is all it
     # reads (each term is e / total, the total over every item)
     running = np.cumsum(e[:n] / sequential_sum(e), dtype=np.float32)
-    p = np.float32(min(max(top_p, 0.0), 1.0))
+    p = clamped_top_p(top_p)
     # The running sum never decreases, so the kept items are a prefix: item 0, then every
     # item up to the first whose running sum exceeds top_p (exclusive).
     crossing = np.flatnonzero(running[1:] > p)
@@ -98,7 +103,7 @@ def candidates_rows(logits: np.ndarray, top_p: Sequence[float],
     passes.descending_rows(logits, ordered, counts)
     # candidates' terms, NumPy's exp of every row at once (-inf past a row's count: 0)
     terms = np.exp(ordered - ordered[:, :1])
-    p = np.array([min(max(v, 0.0), 1.0) for v in top_p], np.float32)
+    p = np.array([clamped_top_p(v) for v in top_p], np.float32)
     keep = np.empty(n_rows, np.int64)
     ids = np.empty(logits.shape, np.int64)
     passes.kept_rows(logits, ordered, terms, counts, p, np.asarray(top_k, np.int64), keep, ids)
